@@ -1,0 +1,3 @@
+"""resihp: resilient hybrid-parallel LLM training (Detector, Scheduler, Runtime, Simulator)."""
+
+__version__ = "0.1.0"

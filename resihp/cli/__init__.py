@@ -1,0 +1,1 @@
+"""The `resihp` command line."""

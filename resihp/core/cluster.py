@@ -1,0 +1,86 @@
+"""Cluster state: nodes x devices, each with liveness and a speed factor, plus link bandwidth factors.
+
+Immutable: applying a fault returns a new Cluster, so a scheduler can hold the state it planned for.
+Device ids are global, `node = id // gpus_per_node`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class Cluster:
+    nodes: int
+    gpus_per_node: int
+    gpu: str = "a100-80g"
+    speed: tuple[float, ...] = ()  # per device, in (0, 1]; empty = all healthy
+    alive: tuple[bool, ...] = ()  # per device; empty = all alive
+    links: tuple[tuple[int, int, float], ...] = field(default=())  # (a, b, factor) with a < b
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.nodes, int) or self.nodes < 1:
+            raise ValueError(f"cluster.nodes = {self.nodes!r}: must be a positive integer")
+        if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
+            raise ValueError(f"cluster.gpus_per_node = {self.gpus_per_node!r}: must be a positive integer")
+        n = self.nodes * self.gpus_per_node
+        if not self.speed:
+            object.__setattr__(self, "speed", (1.0,) * n)
+        if not self.alive:
+            object.__setattr__(self, "alive", (True,) * n)
+        assert len(self.speed) == n and len(self.alive) == n
+        for d, p in enumerate(self.speed):
+            if not 0.0 < p <= 1.0:
+                raise ValueError(f"speed of device {d} = {p!r}: must lie in (0, 1]")
+
+    @property
+    def num_devices(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def node_of(self, device: int) -> int:
+        return device // self.gpus_per_node
+
+    def same_node(self, a: int, b: int) -> bool:
+        return a // self.gpus_per_node == b // self.gpus_per_node
+
+    def check_device(self, device: object, key: str = "device") -> int:
+        if not isinstance(device, int) or isinstance(device, bool) or not (0 <= device < self.num_devices):
+            raise ValueError(f"{key} = {device!r}: no such device; allowed: 0..{self.num_devices - 1}")
+        return device
+
+    def live_devices(self) -> list[int]:
+        return [d for d in range(self.num_devices) if self.alive[d]]
+
+    def link_factor(self, a: int, b: int) -> float:
+        """Bandwidth factor of the link between devices a and b (1 = healthy)."""
+        lo, hi = min(a, b), max(a, b)
+        factor = 1.0
+        for x, y, f in self.links:
+            if (x, y) == (lo, hi):
+                factor = min(factor, f)
+        return factor
+
+    # --- state changes (each returns a new Cluster) ---
+    def with_speed(self, device: int, p: float) -> Cluster:
+        speed = list(self.speed)
+        speed[device] = p
+        return replace(self, speed=tuple(speed))
+
+    def with_alive(self, device: int, alive: bool) -> Cluster:
+        flags = list(self.alive)
+        flags[device] = alive
+        speed = list(self.speed)
+        if alive:
+            speed[device] = 1.0  # a re-joined device comes back healthy
+        return replace(self, alive=tuple(flags), speed=tuple(speed))
+
+    def with_link(self, a: int, b: int, factor: float) -> Cluster:
+        lo, hi = min(a, b), max(a, b)
+        kept = tuple(x for x in self.links if (x[0], x[1]) != (lo, hi))
+        if factor < 1.0:
+            kept = tuple(sorted(kept + ((lo, hi, factor),)))
+        return replace(self, links=kept)
+
+    def capacity(self) -> float:
+        """Sum over live devices of their speed factor: the numerator of the capacity bound."""
+        return sum(p for p, ok in zip(self.speed, self.alive) if ok)

@@ -1,0 +1,138 @@
+"""Compile a Plan into per-device instruction lists (the paper's "primitives").
+
+Every member of a TP group runs the same list (TP collectives happen inside F and B), so the
+Program stores one ordered list of compute chunks per *group* = (replica, stage) and expands it
+into full per-device instruction lists (with RECV/SEND/ALLREDUCE/STEP) on demand. Both the
+simulator and the runtime read the same Program: the simulator predicts exactly what runs.
+
+A chunk is (kind, src, j): kind F=0, B=1 (input gradient), W=2 (weight gradient) of micro-batch j
+of source replica `src`, at the group's stage. Order per group follows the schedule template over
+the group's micro-batches sorted by (j, src) (native and migrated-in alike):
+
+- gpipe: all F, then B/W pairs;
+- 1f1b: min(p-1-i, n) warm-up F, then (F, B, W) steps, then (B, W) cool-down; B and W form one
+  backward, and the gradient goes upstream after W;
+- zbh1 (zero-bubble H1): the 1F1B order of F and B, with stage i holding its W chunks back by i
+  steps, so the gradient chain upstream waits only for B. Every stage then keeps at most p
+  micro-batches live (1F1B's stage-0 peak) and the bubble shrinks from (p-1)(F+B+W) to
+  (p-1)(F+B-W) with equal chunk costs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .plan import Plan
+
+F, B, W = 0, 1, 2
+KIND_NAMES = ("F", "B", "W")
+GroupKey = tuple[int, int]  # (replica, stage)
+Chunk = tuple[int, int, int]  # (kind, src replica, micro-batch)
+
+
+@dataclass(frozen=True)
+class Instr:
+    """One primitive. `op` in F, B, W, SEND, RECV, ALLREDUCE, STEP.
+
+    For SEND/RECV, `what` is "act" or "grad" and `peer` the (replica, stage) group at the other end.
+    For ALLREDUCE, `peer` is None and `group` lists the (replica, stage) groups reducing together.
+    """
+
+    op: str
+    src: int = -1
+    mb: int = -1
+    stage: int = -1
+    what: str = ""
+    peer: GroupKey | None = None
+    group: tuple[GroupKey, ...] = ()
+
+
+@dataclass(frozen=True)
+class Program:
+    plan: Plan
+    chunks: dict[GroupKey, list[Chunk]]
+    _device_group: dict[int, GroupKey] = field(default_factory=dict, repr=False)
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)  # derived, e.g. sim structure
+
+    def group_of(self, device: int) -> GroupKey:
+        return self._device_group[device]
+
+    def devices(self, g: GroupKey) -> tuple[int, ...]:
+        return self.plan.replicas[g[0]][g[1]].devices
+
+    def grad_group(self, g: GroupKey) -> tuple[GroupKey, ...]:
+        """Groups holding the same layer range as g (they all-reduce gradients together)."""
+        layers = self.plan.replicas[g[0]][g[1]].layers
+        return tuple(h for h in self.chunks if self.plan.replicas[h[0]][h[1]].layers == layers)
+
+    def instructions(self, device: int) -> list[Instr]:
+        """The full ordered primitive list of one device."""
+        plan = self.plan
+        d, i = g = self.group_of(device)
+        last = {src: len(plan.replicas[src]) - 1 for src in range(plan.dp)}
+        out: list[Instr] = []
+        for kind, src, j in self.chunks[g]:
+            if kind == F:
+                if i > 0:
+                    out.append(Instr("RECV", src, j, i, "act", (plan.executor(src, j, i - 1), i - 1)))
+                out.append(Instr("F", src, j, i))
+                if i < last[src]:
+                    out.append(Instr("SEND", src, j, i, "act", (plan.executor(src, j, i + 1), i + 1)))
+            elif kind == B:
+                if i < last[src]:
+                    out.append(Instr("RECV", src, j, i, "grad", (plan.executor(src, j, i + 1), i + 1)))
+                out.append(Instr("B", src, j, i))
+                if i > 0 and plan.schedule == "zbh1":
+                    out.append(Instr("SEND", src, j, i, "grad", (plan.executor(src, j, i - 1), i - 1)))
+            else:
+                out.append(Instr("W", src, j, i))
+                if i > 0 and plan.schedule != "zbh1":
+                    out.append(Instr("SEND", src, j, i, "grad", (plan.executor(src, j, i - 1), i - 1)))
+        out.append(Instr("ALLREDUCE", stage=i, group=self.grad_group(g)))
+        out.append(Instr("STEP", stage=i))
+        del d
+        return out
+
+
+def _order(schedule: str, mbs: list[tuple[int, int]], stage: int, num_stages: int) -> list[Chunk]:
+    n = len(mbs)
+    if schedule == "gpipe":
+        ops: list[Chunk] = [(F, s, j) for s, j in mbs]
+        for s, j in mbs:
+            ops += [(B, s, j), (W, s, j)]
+        return ops
+    w = min(num_stages - 1 - stage, n)  # warm-up forwards, as in 1F1B
+    lag = stage if schedule == "zbh1" else 0  # W chunks held back behind their B
+    ops = [(F, s, j) for s, j in mbs[:w]]
+    deferred: list[Chunk] = []
+    for k in range(n):
+        if w + k < n:
+            ops.append((F, *mbs[w + k]))
+        ops.append((B, *mbs[k]))
+        deferred.append((W, *mbs[k]))
+        if len(deferred) > lag:
+            ops.append(deferred.pop(0))
+    return ops + deferred
+
+
+def compile_plan(plan: Plan) -> Program:
+    """Per-group ordered chunk lists for `plan.schedule`."""
+    work: dict[GroupKey, list[tuple[int, int]]] = {}
+    for d, stages in enumerate(plan.replicas):
+        for i, st in enumerate(stages):
+            if not st.hollow:
+                work[(d, i)] = []
+    for src, stages in enumerate(plan.replicas):
+        for j in range(plan.microbatches[src]):
+            for i in range(len(stages)):
+                work[(plan.executor(src, j, i), i)].append((j, src))
+    chunks: dict[GroupKey, list[Chunk]] = {}
+    device_group: dict[int, GroupKey] = {}
+    for g, items in work.items():
+        d, i = g
+        items.sort()
+        p = len(plan.replicas[d])
+        chunks[g] = _order(plan.schedule, [(s, j) for j, s in items], i, p)
+        for dev in plan.replicas[d][i].devices:
+            device_group[dev] = g
+    return Program(plan, chunks, device_group)

@@ -1,0 +1,147 @@
+"""Document-length distributions and the deterministic packer shared by simulator and runtime.
+
+An iteration's global batch is `G` packed micro-batches of exactly `seq_len` tokens. Documents are
+drawn from a seeded stream that depends only on (seed, iteration), packed in order, and a document
+that crosses a window boundary becomes two segments with their own attention blocks. Attention cost
+grows with the sum of squared segment lengths (cost-model.md §9.3), which `PackedBatch.sum_sq`
+carries per micro-batch. The runtime slices real token arrays with `PackedBatch.segments`, so it
+trains on exactly the micro-batches the simulator reasons about.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sysconfig
+from dataclasses import dataclass
+
+import numpy as np
+
+# name -> (mu, sigma, cap) of a lognormal over tokens; cost-model.md §9.2.
+LOGNORMAL_LENGTHS: dict[str, tuple[float, float, int]] = {
+    "c4": (5.8, 1.0, 2_000_000),
+    "github": (6.12, 1.94, 2_000_000),
+    "sharegpt": (5.71, 1.0, 2_000_000),
+    "longctx": (6.35, 2.33, 2_000_000),
+}
+LENGTH_KINDS = ("fixed", *LOGNORMAL_LENGTHS, "pystdlib")
+
+
+@functools.lru_cache(maxsize=1)
+def pystdlib_files() -> tuple[tuple[str, ...], np.ndarray]:
+    """Relative paths and byte sizes of this interpreter's standard-library `.py` files, sorted.
+
+    With a byte-level tokenizer a file's size is its length in tokens: a real, heavy-tailed corpus
+    that exists on every machine with Python.
+    """
+    root = sysconfig.get_paths()["stdlib"]
+    found: list[tuple[str, int]] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "__pycache__"))
+        for fn in filenames:
+            if fn.endswith(".py"):
+                path = os.path.join(dirpath, fn)
+                size = os.path.getsize(path)
+                if size > 0:
+                    found.append((os.path.relpath(path, root), size))
+    if not found:
+        raise RuntimeError(f"no .py files under the standard library at {root}")
+    found.sort()
+    return tuple(p for p, _ in found), np.array([s for _, s in found], dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """One iteration's global batch: `count` micro-batches of `seq_len` tokens each.
+
+    Arrays are per segment (a document piece inside one window): `seg_len`, `seg_window` (its
+    micro-batch), `seg_doc` (which drawn document) and `seg_offset` (start inside that document).
+    `doc_ids` maps a drawn document to its source id (a file index for `pystdlib`, else -1).
+    """
+
+    seq_len: int
+    count: int
+    seg_len: np.ndarray
+    seg_window: np.ndarray
+    seg_doc: np.ndarray
+    seg_offset: np.ndarray
+    doc_ids: np.ndarray
+    sum_sq: np.ndarray  # (count,) float64: sum of squared segment lengths per micro-batch
+
+    def segments(self, k: int) -> list[tuple[int, int, int]]:
+        """(source doc id, offset, length) of every segment of micro-batch k, in order."""
+        lo, hi = np.searchsorted(self.seg_window, [k, k + 1])
+        return [
+            (int(self.doc_ids[self.seg_doc[s]]), int(self.seg_offset[s]), int(self.seg_len[s]))
+            for s in range(lo, hi)
+        ]
+
+    def lengths(self, k: int) -> list[int]:
+        lo, hi = np.searchsorted(self.seg_window, [k, k + 1])
+        return [int(x) for x in self.seg_len[lo:hi]]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Tokens per packed micro-batch, micro-batches per replica, and the length distribution."""
+
+    seq_len: int
+    num_microbatches: int
+    lengths: str = "github"
+    seed: int = 0
+    doc_len: int | None = None  # only for lengths = "fixed"; default: one document per window
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.seq_len, int) or self.seq_len < 1:
+            raise ValueError(f"parallel.seq_len = {self.seq_len!r}: must be a positive integer")
+        if not isinstance(self.num_microbatches, int) or self.num_microbatches < 1:
+            raise ValueError(f"parallel.microbatches = {self.num_microbatches!r}: must be a positive integer")
+        if self.lengths not in LENGTH_KINDS:
+            raise ValueError(
+                f"workload.lengths = {self.lengths!r}: unknown; allowed: {', '.join(LENGTH_KINDS)}"
+            )
+        if self.doc_len is not None and (self.lengths != "fixed" or self.doc_len < 1):
+            raise ValueError(
+                f"workload.doc_len = {self.doc_len!r}: only a positive integer with lengths = 'fixed'"
+            )
+
+    def _draw(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """n document lengths and their source ids."""
+        if self.lengths == "fixed":
+            return np.full(n, self.doc_len or self.seq_len, dtype=np.int64), np.full(n, -1)
+        if self.lengths == "pystdlib":
+            _, sizes = pystdlib_files()
+            ids = rng.integers(0, len(sizes), size=n)
+            return sizes[ids], ids
+        mu, sigma, cap = LOGNORMAL_LENGTHS[self.lengths]
+        raw = np.ceil(rng.lognormal(mu, sigma, size=n))
+        return np.clip(raw, 1, cap).astype(np.int64), np.full(n, -1)
+
+    def pack(self, iteration: int, count: int) -> PackedBatch:
+        """The `count` micro-batches of `iteration`; the same arguments always give the same batch."""
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, iteration]))
+        total = count * self.seq_len
+        lens: list[np.ndarray] = []
+        ids: list[np.ndarray] = []
+        covered = 0
+        while covered < total:
+            mean = self.doc_len or (self.seq_len if self.lengths == "fixed" else 1000)
+            n = int((total - covered) / mean * 1.3) + 16
+            length, source = self._draw(rng, n)
+            lens.append(length)
+            ids.append(source)
+            covered += int(length.sum())
+        doc_len = np.concatenate(lens)
+        doc_ids = np.concatenate(ids)
+        doc_end = np.cumsum(doc_len)
+        ndocs = int(np.searchsorted(doc_end, total)) + 1  # documents needed to cover `total`
+        doc_len, doc_ids, doc_end = doc_len[:ndocs], doc_ids[:ndocs], doc_end[:ndocs]
+        doc_start = doc_end - doc_len
+        cuts = np.union1d(doc_end[doc_end < total], np.arange(0, total + 1, self.seq_len))
+        seg_start = cuts[:-1]
+        seg_len = np.diff(cuts)
+        seg_window = seg_start // self.seq_len
+        seg_doc = np.searchsorted(doc_end, seg_start, side="right")
+        seg_offset = seg_start - doc_start[seg_doc]
+        sum_sq = np.bincount(seg_window, weights=seg_len.astype(np.float64) ** 2, minlength=count)
+        return PackedBatch(self.seq_len, count, seg_len, seg_window, seg_doc, seg_offset, doc_ids, sum_sq)
