@@ -1,6 +1,6 @@
 """`resihp demo`: the embedded default job, simulated (no GPU, no downloads).
 
-A paper-sized job: LLaMA 2-70B on 256 simulated A100s at (TP 4, DP 4, PP 16), 1F1B, 16K-token
+A paper-sized job: LLaMA 2-70B on 256 simulated A100s at (TP 4, DP 4, PP 16), 1F1B, 8K-token
 packed micro-batches of GitHub-like lengths, with one medium fail-slow and one fail-stop, under
 every built policy, printed as a table.
 """
@@ -26,7 +26,7 @@ pp = 16
 dp = 4
 schedule = "1f1b"
 microbatches = 32
-seq_len = 16384
+seq_len = 8192
 [workload]
 lengths = "github"
 seed = 0

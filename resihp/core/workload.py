@@ -56,7 +56,8 @@ class PackedBatch:
 
     Arrays are per segment (a document piece inside one window): `seg_len`, `seg_window` (its
     micro-batch), `seg_doc` (which drawn document) and `seg_offset` (start inside that document).
-    `doc_ids` maps a drawn document to its source id (a file index for `pystdlib`, else -1).
+    `doc_ids` maps a drawn document to its source id (a file index for `pystdlib`, else -1) and
+    `doc_len` gives its full length, so a reader knows whether a segment ends its document.
     """
 
     seq_len: int
@@ -66,6 +67,7 @@ class PackedBatch:
     seg_doc: np.ndarray
     seg_offset: np.ndarray
     doc_ids: np.ndarray
+    doc_len: np.ndarray  # full length of each drawn document (its last segment may end earlier)
     sum_sq: np.ndarray  # (count,) float64: sum of squared segment lengths per micro-batch
 
     def segments(self, k: int) -> list[tuple[int, int, int]]:
@@ -144,4 +146,6 @@ class Workload:
         seg_doc = np.searchsorted(doc_end, seg_start, side="right")
         seg_offset = seg_start - doc_start[seg_doc]
         sum_sq = np.bincount(seg_window, weights=seg_len.astype(np.float64) ** 2, minlength=count)
-        return PackedBatch(self.seq_len, count, seg_len, seg_window, seg_doc, seg_offset, doc_ids, sum_sq)
+        return PackedBatch(
+            self.seq_len, count, seg_len, seg_window, seg_doc, seg_offset, doc_ids, doc_len, sum_sq
+        )

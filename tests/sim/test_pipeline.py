@@ -122,3 +122,26 @@ def test_chrome_trace(tmp_path):
     assert len(chunks) == 2 * 3 * 3
     assert all(e["ts"] >= 0 and e["dur"] > 0 for e in chunks)
     assert {e["cat"] for e in chunks} == {"F", "B", "W"}
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zbh1"])
+def test_symmetric_fast_path_equals_general_pass(schedule):
+    """The vectorized all-replicas pass gives the same times as the general per-group pass."""
+    import numpy as np
+
+    plan = Plan.uniform(MODEL, 2, 4, 6, 7, schedule)
+    costs = uniform_costs(plan, p2p=0.05)
+    rng = np.random.default_rng(0)
+    costs.sum_sq = rng.uniform(0, 1, plan.global_microbatches)
+    costs.send_blocks = True
+    costs.p2p = lambda a, b: 0.01 * (1 + a[0] + 2 * b[1])
+    for g in costs.chunk:
+        costs.chunk[g] = costs.chunk[g] * rng.uniform(0.5, 1.5) + np.array([[0, 0, 0.3]] * 3)
+    costs.allreduce_s = {g: 0.1 * g[1] for g in costs.chunk}
+    program = compile_plan(plan)
+    fast = evaluate(program, costs)
+    slow = evaluate(program, costs, keep_spans=True)  # spans force the general pass
+    assert fast.iteration_s == pytest.approx(slow.iteration_s, rel=1e-12)
+    assert fast.group_end_s == pytest.approx(slow.group_end_s, rel=1e-12)
+    assert fast.busy_s == pytest.approx(slow.busy_s, rel=1e-12)
+    assert fast.live_peak == slow.live_peak
