@@ -16,6 +16,9 @@ the group's micro-batches sorted by (j, src) (native and migrated-in alike):
   steps, so the gradient chain upstream waits only for B. Every stage then keeps at most p
   micro-batches live (1F1B's stage-0 peak) and the bubble shrinks from (p-1)(F+B+W) to
   (p-1)(F+B-W) with equal chunk costs.
+
+Plans with migrated chunks take their orders from a unit-time list-scheduling run instead
+(`_greedy_orders`), which is deadlock-free by construction.
 """
 
 from __future__ import annotations
@@ -115,6 +118,68 @@ def _order(schedule: str, mbs: list[tuple[int, int]], stage: int, num_stages: in
     return ops + deferred
 
 
+def _greedy_orders(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> dict[GroupKey, list[Chunk]]:
+    """Orders for plans with migrated chunks, read off a unit-time list-scheduling run.
+
+    Static templates cannot be merged safely when a group serves several source pipelines (its
+    1F1B steady state is offset against theirs and the orders can wait on each other in a cycle).
+    Instead every group, whenever idle, starts a ready chunk: a B first (its W right after, except
+    for zbh1), else an F while fewer than its schedule's limit of micro-batches are live, else (zbh1)
+    a deferred W; ties go to the lowest (micro-batch, source). The resulting orders are an actual
+    execution, so the Program is deadlock-free under any timing.
+    """
+    last = [len(st) - 1 for st in plan.replicas]
+    limits = {}
+    for g in work:
+        p = len(plan.replicas[g[0]])
+        limits[g] = {"gpipe": 10**9, "1f1b": p - g[1], "zbh1": p}[plan.schedule]
+    ready: dict[GroupKey, list[list]] = {g: [[], [], []] for g in work}  # per kind: (j, src)
+    for g, items in work.items():
+        if g[1] == 0:
+            ready[g][F] = sorted(items)
+    grad_kind = B if plan.schedule == "zbh1" else W
+    # 1F1B runs each W right after its B (`forced`), so W is never picked on its own there.
+    preference = {"gpipe": (F, B, W), "1f1b": (B, F), "zbh1": (B, F, W)}[plan.schedule]
+    orders: dict[GroupKey, list[Chunk]] = {g: [] for g in work}
+    live = dict.fromkeys(work, 0)
+    forced: dict[GroupKey, tuple[int, int] | None] = dict.fromkeys(work, None)
+    total = sum(3 * len(v) for v in work.values())
+    done = 0
+    while done < total:
+        finished: list[tuple[int, int, int, int]] = []
+        for g in work:
+            rq = ready[g]
+            kind = (
+                W
+                if forced[g]
+                else next((k for k in preference if rq[k] and (k != F or live[g] < limits[g])), None)
+            )
+            if kind is None:
+                continue
+            key = forced[g] or min(rq[kind])
+            forced[g] = None
+            rq[kind].remove(key)
+            orders[g].append((kind, key[1], key[0]))
+            live[g] += 1 if kind == F else (-1 if kind == W else 0)
+            if kind == B and plan.schedule == "1f1b":
+                forced[g] = key
+            finished.append((kind, key[1], key[0], g[1]))
+        assert finished, "list scheduling stalled: no group could start a chunk"
+        done += len(finished)
+        for kind, src, j, i in finished:
+            here = (plan.executor(src, j, i), i)
+            if kind == F:
+                if i < last[src]:
+                    ready[(plan.executor(src, j, i + 1), i + 1)][F].append((j, src))
+                if i == last[src]:
+                    ready[here][B].append((j, src))
+            elif kind == B:
+                ready[here][W].append((j, src))
+            if kind == grad_kind and i > 0:
+                ready[(plan.executor(src, j, i - 1), i - 1)][B].append((j, src))
+    return orders
+
+
 def compile_plan(plan: Plan) -> Program:
     """Per-group ordered chunk lists for `plan.schedule`."""
     work: dict[GroupKey, list[tuple[int, int]]] = {}
@@ -126,13 +191,14 @@ def compile_plan(plan: Plan) -> Program:
         for j in range(plan.microbatches[src]):
             for i in range(len(stages)):
                 work[(plan.executor(src, j, i), i)].append((j, src))
-    chunks: dict[GroupKey, list[Chunk]] = {}
-    device_group: dict[int, GroupKey] = {}
-    for g, items in work.items():
-        d, i = g
+    for items in work.values():
         items.sort()
-        p = len(plan.replicas[d])
-        chunks[g] = _order(plan.schedule, [(s, j) for j, s in items], i, p)
-        for dev in plan.replicas[d][i].devices:
-            device_group[dev] = g
+    if plan.assignment:
+        chunks = _greedy_orders(plan, work)
+    else:
+        chunks = {
+            g: _order(plan.schedule, [(s, j) for j, s in items], g[1], len(plan.replicas[g[0]]))
+            for g, items in work.items()
+        }
+    device_group = {dev: g for g in work for dev in plan.replicas[g[0]][g[1]].devices}
     return Program(plan, chunks, device_group)
