@@ -1,0 +1,223 @@
+"""`build_costs`: the analytical cost model in the linear form the pipeline simulator evaluates.
+
+Every chunk of a group (replica d, stage i) takes `c0 + alpha·N + beta·Σl²` seconds (rows F, B, W).
+Per device k of the group, its work is its query-head share of the attention (QKV/O projections and
+the attention core) plus its FFN-column share of the SwiGLU matrices, the vocabulary-parallel LM
+head split evenly on the last stage, plus memory-bound per-token work (norms, residuals, rotary,
+SwiGLU activation, embedding lookup, fp32 softmax of the logits) at HBM bandwidth. Its time is that
+divided by `cluster.speed[k]`. A TP group runs at its slowest member: the chunk row is the one of
+the device that is slowest at the batch's mean N and mean Σl² (a max of linear forms is not linear,
+so one device is picked per group and kind and the form stays exact for it). Exposed TP
+collectives are added to F and B (none in W).
+
+Cached per distinct (layers, first/last, split, speeds): a uniform 16,384-GPU plan has a handful
+of distinct stage shapes, so building its costs costs little more than walking its groups.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from resihp.core.cluster import Cluster
+from resihp.core.costs import Costs
+from resihp.core.model_spec import ModelSpec
+from resihp.core.plan import Plan
+
+from . import flops, memory
+from .comm import Links, dp_ring, pp_transfer_s, ring_allreduce_s, tp_comm_coeffs
+from .hardware import Hardware, hardware_preset
+
+# Megatron DDP's default gradient bucket: max(40M, 1M x dp) parameters; only the last one is exposed.
+BUCKET_PARAMS, BUCKET_PARAMS_PER_DP = 40_000_000, 1_000_000
+STEP_BYTES_PER_PARAM = 30.0  # Adam: read grad fp32 (4), read+write master/m/v (24), write bf16 weight (2)
+
+
+def resolve_hardware(hardware: Hardware | str | None, cluster: Cluster) -> Hardware:
+    if hardware is None:
+        return hardware_preset(cluster.gpu)
+    if isinstance(hardware, str):
+        return hardware_preset(hardware)
+    return hardware
+
+
+def _elementwise_bytes_per_token(model: ModelSpec, tp: int, hs: np.ndarray, fs: np.ndarray) -> np.ndarray:
+    """HBM bytes of one layer's memory-bound forward work per token, per device (rough).
+
+    RMSNorm x2 and residual adds on the sequence-parallel shard (~12·h values read or written),
+    rotary and softmax statistics on q/k (~2·(h + 2·n_kv·d_h) per head share), SwiGLU's activation
+    (~3·F per FFN share); bf16, read plus write.
+    """
+    h, kv = model.hidden, model.kv_heads * model.head_dim
+    return 2 * 2.0 * (12.0 * h / tp + 2.0 * (h + 2 * kv) * hs + 3.0 * model.ffn * fs)
+
+
+def _chunk_table(model, hw, num_layers, first, last, tp_split, ffn_split, speeds, n_mean, sq_mean, c_att):
+    """(3, 3) compute-only table of the slowest device of a group at the typical batch."""
+    tp = len(tp_split)
+    hs = np.asarray(tp_split, dtype=np.float64) / model.heads
+    fs = np.asarray(ffn_split, dtype=np.float64) / model.ffn
+    sp = np.asarray(speeds, dtype=np.float64)
+    x = hw.achieved_flops
+    lin = num_layers * (flops.attn_proj_flops_per_token(model) * hs + flops.mlp_flops_per_token(model) * fs)
+    att = num_layers * flops.attn_core_flops_per_sq(model, c_att) * hs
+    ew = num_layers * _elementwise_bytes_per_token(model, tp, hs, fs) / hw.hbm_bw
+    if first:
+        ew = ew + 2 * 2.0 * model.hidden / tp / hw.hbm_bw  # embedding gather, sequence shard
+    logit = flops.logits_flops_per_token(model) / tp if last else 0.0
+    softmax = 3 * 4.0 * model.vocab / tp / hw.hbm_bw if last else 0.0  # fp32 logits: write, read, grad
+    table = np.zeros((3, 3))
+    ew_factor = (1.0, 2.0, 0.0)
+    for kind, (f_lin, f_att, f_logit) in enumerate(flops.KIND_FACTORS):
+        alpha = (f_lin * lin + f_logit * logit) / x + ew_factor[kind] * ew + (softmax if kind < 2 else 0.0)
+        beta = f_att * att / x
+        alpha, beta = alpha / sp, beta / sp
+        k = int(np.argmax(alpha * n_mean + beta * sq_mean))
+        table[kind] = (0.0, alpha[k], beta[k])
+    return table
+
+
+def _device_memory(model, num_layers, first, last, tp_split, ffn_split, dp, t_max, optimizer, sp):
+    """Per-rank (static bytes, activation bytes per live micro-batch) of a group."""
+    tp = len(tp_split)
+    bpp = memory.bytes_per_param(optimizer, dp)
+    logits = memory.logits_bytes(model, t_max, tp) if last else 0.0
+    out = []
+    for hk, fk in zip(tp_split, ffn_split):
+        hs, fs = hk / model.heads, fk / model.ffn
+        params = memory.device_params(model, num_layers, first, last, tp, hs, fs)
+        act = num_layers * t_max * memory.activation_bytes_per_token(model, tp, hs, fs, sp)
+        out.append((params * bpp + logits, act, params))
+    return out
+
+
+def build_costs(
+    model: ModelSpec,
+    plan: Plan,
+    cluster: Cluster,
+    tokens: np.ndarray,
+    sum_sq: np.ndarray,
+    hardware: Hardware | str | None = None,
+    *,
+    c_att: float = flops.C_ATT_TIME,
+    optimizer: str = "distopt-fp32",
+    sequence_parallel: bool = True,
+    send_blocks: bool = True,
+    tp_exposed: float = 1.0,
+    dp_exposed_fraction: float | None = None,
+) -> Costs:
+    """Chunk times, transfer times, gradient sync, optimizer step and memory of `plan` on `cluster`.
+
+    - `hardware`: a Hardware, a preset name, or None for `hardware_preset(cluster.gpu)`.
+    - `c_att`: attention FLOPs convention for time (1/2: causal kernel).
+    - `optimizer`: model-state scheme of memory.OPTIMIZERS (default distributed optimizer with fp32
+      gradients, sharded over the groups holding the same layers).
+    - `tp_exposed`: fraction of TP collective time not overlapped with compute (default all).
+    - `dp_exposed_fraction`: exposed fraction of a stage's gradient all-reduce; default None = the
+      last bucket only: one layer's gradients (plus the embedding on the first stage, whose gradient
+      is ready last), capped at Megatron DDP's bucket size max(40M, 1M·dp) parameters.
+    - `send_blocks`: a PP send occupies the sender's compute stream (baselines.md §2.1).
+    """
+    hw = resolve_hardware(hardware, cluster)
+    tokens = np.asarray(tokens, dtype=np.float64)
+    sum_sq = np.asarray(sum_sq, dtype=np.float64)
+    assert tokens.shape == sum_sq.shape == (plan.global_microbatches,), "one entry per global micro-batch"
+    n_mean, sq_mean, t_max = float(tokens.mean()), float(sum_sq.mean()), float(tokens.max())
+    links = Links(cluster, hw)
+    speed, alive = cluster.speed, cluster.alive
+    grad_bytes = memory.GRAD_BYTES.get(optimizer, 2)
+    memory.bytes_per_param(optimizer, 1)  # validates the name
+
+    by_layers: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for d, stages in enumerate(plan.replicas):
+        for i, st in enumerate(stages):
+            if not st.hollow:
+                by_layers.setdefault(st.layers, []).append((d, i))
+
+    chunk: dict[tuple[int, int], np.ndarray] = {}
+    mem_static: dict[int, float] = {}
+    mem_act: dict[int, float] = {}
+    allreduce_s: dict[tuple[int, int], float] = {}
+    step_s = 0.0
+    table_cache: dict = {}
+    mem_cache: dict = {}
+    tp_cache: dict = {}
+    for keys in by_layers.values():
+        dp = len(keys)
+        exposed_params = 0.0
+        for d, i in keys:
+            st = plan.replicas[d][i]
+            first, last = i == 0, i == len(plan.replicas[d]) - 1
+            devs = st.devices
+            sp = tuple(speed[k] for k in devs)
+            assert all(alive[k] for k in devs), f"group {(d, i)} uses a dead device: {devs}"
+            key = (st.num_layers, first, last, st.tp_split, st.ffn_split, sp)
+            table = table_cache.get(key)
+            if table is None:
+                table = table_cache[key] = _chunk_table(model, hw, *key, n_mean, sq_mean, c_att)
+            plain = not links.devices.intersection(devs)  # no degraded link touches this group
+            tp_key = (st.num_layers, len(devs), _one_node(devs, links)) if plain else (st.num_layers, devs)
+            tp_c = tp_cache.get(tp_key)
+            if tp_c is None:
+                tp_c = tp_cache[tp_key] = tp_comm_coeffs(model.hidden, st.num_layers, devs, links)
+            if tp_c[0] or tp_c[1]:
+                table = table.copy()
+                table[:2, 0] += tp_exposed * tp_c[0]
+                table[:2, 1] += tp_exposed * tp_c[1]
+            chunk[(d, i)] = table
+            mkey = (st.num_layers, first, last, st.tp_split, st.ffn_split, dp)
+            mem = mem_cache.get(mkey)
+            if mem is None:
+                mem = mem_cache[mkey] = _device_memory(
+                    model, st.num_layers, first, last, st.tp_split, st.ffn_split, dp, t_max, optimizer,
+                    sequence_parallel,
+                )  # fmt: skip
+            for k, (static, act, _) in zip(devs, mem):
+                mem_static[k] = static
+                mem_act[k] = act
+            max_params = max(p for _, _, p in mem)
+            shard = max_params / dp if optimizer.startswith(("distopt", "zero")) else max_params
+            step_s = max(step_s, shard * STEP_BYTES_PER_PARAM / hw.hbm_bw)
+            if dp_exposed_fraction is None:
+                hs, fs = max(st.tp_split) / model.heads, max(st.ffn_split) / model.ffn
+                layer = memory.device_params(model, 1, first, False, st.tp, hs, fs)
+                last_bucket = min(layer, max(BUCKET_PARAMS, BUCKET_PARAMS_PER_DP * dp))
+            else:
+                last_bucket = dp_exposed_fraction * max_params
+            exposed_params = max(exposed_params, last_bucket)
+        if dp > 1:
+            bw, alpha = dp_ring([plan.replicas[d][i].devices for d, i in keys], links)
+            t = ring_allreduce_s(exposed_params * grad_bytes, dp, bw, alpha)
+            for g in keys:
+                allreduce_s[g] = t
+
+    act_bytes = n_mean * model.hidden * 2.0
+    p2p_cache: dict = {}
+
+    def p2p(a: tuple[int, int], b: tuple[int, int]) -> float:
+        """Seconds to move one micro-batch's activation (or gradient) from group a to group b."""
+        send, recv = plan.replicas[a[0]][a[1]].devices, plan.replicas[b[0]][b[1]].devices
+        key = (send, recv)
+        if key not in p2p_cache:
+            p2p_cache[key] = pp_transfer_s(act_bytes, send, recv, links)
+        return p2p_cache[key]
+
+    return Costs(
+        tokens=tokens,
+        sum_sq=sum_sq,
+        chunk=chunk,
+        p2p=p2p,
+        allreduce_s=allreduce_s,
+        step_s=step_s,
+        mem_static=mem_static,
+        mem_act=mem_act,
+        send_blocks=send_blocks,
+    )
+
+
+def _one_node(devs: tuple[int, ...], links: Links) -> bool:
+    return min(devs) // links.gpn == max(devs) // links.gpn
+
+
+def capacity_bound(fault_free_samples_per_s: float, cluster: Cluster, num_devices_at_start: int) -> float:
+    """X_ub = X0 · Σ speed of live devices / N (cost-model.md §10): no policy can beat it."""
+    return fault_free_samples_per_s * cluster.capacity() / num_devices_at_start

@@ -1,0 +1,168 @@
+"""Per-device memory of a pipeline stage and the feasibility check (cost-model.md §2).
+
+    M = P_dev·bytes_per_param + n_live·L_s·T·A_tok + [last] 4·T·V/t (fp32 logits)  <=  (1 - reserve)·HBM
+
+P_dev counts the device's share of its stage's parameters: QKV/output projections by its query-head
+share, SwiGLU matrices by its FFN-column share, the vocabulary-parallel embedding (first stage) and
+LM head (last stage) split evenly over the TP group, norms replicated. A_tok is the LLaMA/Qwen
+variant of Korthikanti et al. (FlashAttention, no dropout, SwiGLU, GQA), per layer per token:
+
+    TP + SP: [8·h + 2·(2·h + 2·n_kv·d_h + 3·F)] / t        (default)
+    TP only:  8·h + 2·(2·h + 2·n_kv·d_h + 3·F) / t
+
+with the head-sized part scaled by the head share and the FFN part by the FFN share for uneven splits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from resihp.core.model_spec import ModelSpec
+
+from .hardware import Hardware
+
+RESERVE = 0.10  # of HBM: allocator fragmentation, NCCL buffers, workspaces (suggested default)
+
+# Model-state bytes per parameter per device as a function of the DP degree d (cost-model.md §2.2).
+OPTIMIZERS: dict[str, Callable[[int], float]] = {
+    "distopt-fp32": lambda d: 6.0 + 12.0 / d,  # distributed optimizer, fp32 grads (default)
+    "distopt": lambda d: 4.0 + 12.0 / d,  # ZeRO-1 with bf16 grads
+    "zero2": lambda d: 2.0 + 14.0 / d,
+    "zero3": lambda d: 16.0 / d,
+    "adam": lambda d: 16.0,  # plain mixed-precision Adam, bf16 grads
+    "adam-fp32": lambda d: 18.0,  # plain, fp32 grads
+}
+GRAD_BYTES = {"distopt-fp32": 4, "adam-fp32": 4}  # bytes per gradient element on the wire; else bf16
+
+
+def bytes_per_param(optimizer: str, dp: int) -> float:
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"cost.optimizer = {optimizer!r}: unknown; allowed: {', '.join(OPTIMIZERS)}")
+    return OPTIMIZERS[optimizer](max(dp, 1))
+
+
+def attn_params_per_layer(model: ModelSpec) -> int:
+    """QKV (+ bias) and output projection of one layer."""
+    h, kv = model.hidden, model.kv_heads * model.head_dim
+    return h * (h + 2 * kv) + (h + 2 * kv if model.qkv_bias else 0) + h * h
+
+
+def mlp_params_per_layer(model: ModelSpec) -> int:
+    return 3 * model.hidden * model.ffn
+
+
+def stage_params(model: ModelSpec, num_layers: int, first: bool, last: bool) -> int:
+    """P_stage: all parameters of a stage (all TP ranks together)."""
+    return (
+        num_layers * model.params_per_layer
+        + (model.embedding_params if first else 0)
+        + (model.head_params if last else 0)
+    )
+
+
+def device_params(
+    model: ModelSpec,
+    num_layers: int,
+    first: bool,
+    last: bool,
+    tp: int,
+    head_share: float | None = None,
+    ffn_share: float | None = None,
+) -> float:
+    """Parameters held by one TP rank whose head and FFN shares are given (default 1/tp)."""
+    hs = 1.0 / tp if head_share is None else head_share
+    fs = 1.0 / tp if ffn_share is None else ffn_share
+    h = model.hidden
+    per_layer = attn_params_per_layer(model) * hs + mlp_params_per_layer(model) * fs + 2 * h
+    vocab = model.vocab * h / tp
+    return num_layers * per_layer + (vocab if first else 0.0) + (vocab + h if last else 0.0)
+
+
+def activation_bytes_per_token(
+    model: ModelSpec,
+    tp: int,
+    head_share: float | None = None,
+    ffn_share: float | None = None,
+    sequence_parallel: bool = True,
+) -> float:
+    """A_tok: bytes per token per layer kept for the backward by one TP rank."""
+    hs = 1.0 / tp if head_share is None else head_share
+    fs = 1.0 / tp if ffn_share is None else ffn_share
+    h, kv = model.hidden, model.kv_heads * model.head_dim
+    replicated = 8.0 * h / tp if sequence_parallel else 8.0 * h
+    return replicated + 2.0 * (2 * h + 2 * kv) * hs + 2.0 * 3 * model.ffn * fs
+
+
+def logits_bytes(model: ModelSpec, tokens: float, tp: int) -> float:
+    """fp32 logits of one micro-batch on one rank of the last stage (vocabulary-parallel)."""
+    return 4.0 * tokens * model.vocab / tp
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Bytes on the most loaded device of a stage."""
+
+    static: float  # parameters, gradients, optimizer state
+    act_per_mb: float  # activations of one live micro-batch
+    logits: float  # transient fp32 logits (last stage)
+    n_live: int
+
+    @property
+    def total(self) -> float:
+        return self.static + self.n_live * self.act_per_mb + self.logits
+
+
+def stage_memory(
+    model: ModelSpec,
+    num_layers: int,
+    first: bool,
+    last: bool,
+    tp: int,
+    tokens: float,
+    n_live: int,
+    dp: int = 1,
+    optimizer: str = "distopt-fp32",
+    sequence_parallel: bool = True,
+) -> StageMemory:
+    """Memory of one rank of an evenly split stage holding `n_live` micro-batches of `tokens` tokens."""
+    static = device_params(model, num_layers, first, last, tp) * bytes_per_param(optimizer, dp)
+    act = num_layers * tokens * activation_bytes_per_token(model, tp, sequence_parallel=sequence_parallel)
+    return StageMemory(static, act, logits_bytes(model, tokens, tp) if last else 0.0, n_live)
+
+
+def usable_bytes(hardware: Hardware, reserve: float = RESERVE) -> float:
+    return (1.0 - reserve) * hardware.hbm_bytes
+
+
+def fits(total_bytes: float, hardware: Hardware, reserve: float = RESERVE) -> bool:
+    """The feasibility check of cost-model.md §2.5."""
+    return total_bytes <= usable_bytes(hardware, reserve)
+
+
+def k_min(
+    model: ModelSpec,
+    num_layers: int,
+    first: bool,
+    last: bool,
+    tokens: float,
+    n_live: int,
+    hardware: Hardware,
+    dp: int = 1,
+    max_tp: int | None = None,
+    **options,
+) -> int | None:
+    """Smallest power-of-two TP degree at which the stage fits (ResiHP eq. 3); None if none does.
+
+    Degrees go up to `max_tp` (default: the model's KV-head count, beyond which KV heads would need
+    replication; at least 1).
+    """
+    limit = max_tp if max_tp is not None else model.kv_heads
+    t = 1
+    while t <= min(limit, model.heads):
+        if model.heads % t == 0:
+            mem = stage_memory(model, num_layers, first, last, t, tokens, n_live, dp, **options)
+            if fits(mem.total, hardware):
+                return t
+        t *= 2
+    return None
