@@ -25,11 +25,17 @@ class FailureReport:
     def __post_init__(self) -> None:
         if self.kind not in REPORT_KINDS:
             raise ValueError(f"report kind {self.kind!r}: allowed: {', '.join(REPORT_KINDS)}")
-        if self.kind == "link-slow" and self.link is None:
-            raise ValueError("a link-slow report names its link (src, dst)")
+        if (self.link is not None) != (self.kind == "link-slow") and self.kind != "recovered":
+            raise ValueError(f"a {self.kind} report names a link only when it is link-slow")
+        if not (0.0 <= self.severity <= 1.0 and 0.0 <= self.confidence <= 1.0):
+            raise ValueError(f"report severity {self.severity} / confidence {self.confidence}: need [0, 1]")
 
     def to_dict(self) -> dict:
-        out = {"kind": self.kind, "devices": list(self.devices), "severity": round(self.severity, 4)}
+        """JSON event, as in `resihp train --json` (architecture §5.5)."""
+        out = {
+            "iter": self.iteration, "kind": self.kind, "devices": list(self.devices),
+            "severity": round(self.severity, 4), "confidence": round(self.confidence, 4),
+        }  # fmt: skip
         if self.link is not None:
             out["link"] = list(self.link)
         return out
