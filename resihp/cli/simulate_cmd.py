@@ -25,23 +25,21 @@ def print_results(result: dict) -> None:
     for name, run_ in result["policies"].items():
         sps = run_["samples_per_s"]
         bound = run_["capacity_bound_samples_per_s"]
-        status = f"aborted at {run_['abort_s']:.0f} s" if run_["aborted"] else "ok"
+        status = f"aborted at {run_['abort_t_s']:.0f} s" if run_["aborted"] else "ok"
         rows.append([name, f"{sps:.3f}", f"{sps / base:.3f}", f"{sps / bound:.3f}" if bound else "-",
                      len(run_["events"]), status])  # fmt: skip
     print(f"scenario {result['scenario']}: fault-free {base:.3f} samples/s")
     print(table(rows, ["policy", "samples/s", "x fault-free", "x capacity bound", "events", "status"]))
 
 
-def simulate_policies(scenario, policies: list[str], seed: int, progress: bool = True) -> dict:
+def simulate_policies(scenario, policies: list[str], seed: int) -> dict:
     for name in policies:
         check_policy(name)
-    from resihp.sim.job import simulate_scenario
+    from resihp.sim.compare import simulate_scenario
 
-    def report(name: str) -> None:
-        if progress and sys.stderr.isatty():
-            print(f"  simulating {name} ...", file=sys.stderr)
-
-    return simulate_scenario(scenario, policies, seed, on_policy=report)
+    if sys.stderr.isatty():
+        print(f"  simulating {len(policies)} policies ...", file=sys.stderr, flush=True)
+    return simulate_scenario(scenario, policies, seed)
 
 
 def run(args) -> int:

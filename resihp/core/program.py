@@ -124,9 +124,12 @@ def _greedy_orders(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> d
     Static templates cannot be merged safely when a group serves several source pipelines (its
     1F1B steady state is offset against theirs and the orders can wait on each other in a cycle).
     Instead every group, whenever idle, starts a ready chunk: a B first (its W right after, except
-    for zbh1), else an F while fewer than its schedule's limit of micro-batches are live, else (zbh1)
-    a deferred W; ties go to the lowest (micro-batch, source). The resulting orders are an actual
-    execution, so the Program is deadlock-free under any timing.
+    for zbh1), else an F while fewer than the schedule's limit of *that source pipeline's*
+    micro-batches are live, else (zbh1) a deferred W; ties go to the lowest (micro-batch, source).
+    The per-source limit lets migrated-in work fill its own pipeline (one shared limit starves both
+    pipelines); the extra live activations are the memory cost of migration, which the simulator
+    reports in its peak memory. The orders are an actual execution, so the Program is
+    deadlock-free under any timing.
     """
     last = [len(st) - 1 for st in plan.replicas]
     limits = {}
@@ -141,7 +144,7 @@ def _greedy_orders(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> d
     # 1F1B runs each W right after its B (`forced`), so W is never picked on its own there.
     preference = {"gpipe": (F, B, W), "1f1b": (B, F), "zbh1": (B, F, W)}[plan.schedule]
     orders: dict[GroupKey, list[Chunk]] = {g: [] for g in work}
-    live = dict.fromkeys(work, 0)
+    live: dict[tuple[GroupKey, int], int] = {}  # (group, source replica) -> live micro-batches
     forced: dict[GroupKey, tuple[int, int] | None] = dict.fromkeys(work, None)
     total = sum(3 * len(v) for v in work.values())
     done = 0
@@ -149,18 +152,15 @@ def _greedy_orders(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> d
         finished: list[tuple[int, int, int, int]] = []
         for g in work:
             rq = ready[g]
-            kind = (
-                W
-                if forced[g]
-                else next((k for k in preference if rq[k] and (k != F or live[g] < limits[g])), None)
-            )
+            room = [x for x in rq[F] if live.get((g, x[1]), 0) < limits[g]]
+            kind = W if forced[g] else next((k for k in preference if (room if k == F else rq[k])), None)
             if kind is None:
                 continue
-            key = forced[g] or min(rq[kind])
+            key = forced[g] or min(room if kind == F else rq[kind])
             forced[g] = None
             rq[kind].remove(key)
             orders[g].append((kind, key[1], key[0]))
-            live[g] += 1 if kind == F else (-1 if kind == W else 0)
+            live[(g, key[1])] = live.get((g, key[1]), 0) + (1 if kind == F else (-1 if kind == W else 0))
             if kind == B and plan.schedule == "1f1b":
                 forced[g] = key
             finished.append((kind, key[1], key[0], g[1]))
