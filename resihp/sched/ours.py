@@ -1,0 +1,190 @@
+"""`resihp`: our scheduler. It builds several candidate plans and keeps the one that completes the
+most iterations over a horizon once its reconfiguration pause is paid:
+
+    score = (horizon_s - pause_s) / predicted iteration_s        (do nothing: pause 0)
+
+Candidates (all from the job's initial positions, so re-joins restore the uniform plan):
+- "keep": the current plan, when none of its devices died;
+- "paper": the `resihp-paper` plan, so `resihp` is never worse than it by this score (as long as
+  the proxy bound below holds; skipped on large jobs, see `_large`);
+- uneven TP (tp.uneven_stage: any group size, heads/FFN split by speed; standbys taken by groups
+  that lost a device) combined with
+  - "exclude": the current layer split, no migration (when no stage is hollow);
+  - "pipeline": an exact min-max split per replica (when no stage is hollow);
+  - "balance": per-stage makespan migration by micro-batch cost, then one exact min-max split on
+    the resulting per-stage makespans (the common split lets any replica run any stage's work);
+    on large jobs only when some stage is hollow.
+
+Candidates are ranked by a cheap proxy and costed by the full ITP in that order (choose_plan).
+"""
+
+from __future__ import annotations
+
+import math
+
+from resihp.core.plan import Plan
+
+from .base import Decision, Policy
+from .layout import assemble, cover_lost_stages, initial_plan, select_groups, standby_of
+from .migrate import balance_stage, microbatch_costs, stage_bottleneck
+from .model import fits_memory, group_speed, head_layers, iteration_time, max_layers, proxy_time
+from .paper import ResiHPPaper
+from .partition import minmax_partition
+from .reconfig import reconfig_cost
+from .tp import uneven_stage
+
+
+def layer_counts(plan: Plan) -> list[tuple[int, ...]]:
+    return [tuple(st.num_layers for st in stages) for stages in plan.replicas]
+
+
+class ResiHP(Policy):
+    """Ours. `horizon_s` amortizes reconfiguration pauses (math.inf: pick the fastest plan)."""
+
+    name = "resihp"
+
+    def __init__(
+        self, horizon_s: float = 1800.0, planning_s: float = 0.1, evaluator: str = "auto",
+        min_gain: float = 0.01, delta: int = 1, dag_top: int = 4, include_paper: bool | None = None,
+        large_chunks: int = 20000,
+    ) -> None:  # fmt: skip
+        self.horizon_s = horizon_s
+        self.planning_s = planning_s
+        self.evaluator = evaluator
+        self.min_gain = min_gain
+        self.dag_top = dag_top
+        self.include_paper = include_paper
+        self.large_chunks = large_chunks
+        self.paper = ResiHPPaper(delta=delta, planning_s=planning_s, evaluator=evaluator)
+
+    def chooser(self, job, cluster):
+        plan0 = initial_plan(job)
+        pp, m = len(plan0.replicas[0]), job.workload.num_microbatches
+
+        def choose(pos, live):
+            d, i = pos
+            orig = plan0.replicas[d][i]
+            layers = orig.layers
+            if tuple(live) == orig.devices and all(cluster.speed[x] == 1.0 for x in live):
+                return orig, float(len(live))  # untouched group: keep it as it is
+            st, _ = uneven_stage(job.model, live, layers, cluster.speed, max_k=job.tp)
+            if st.hollow or max_layers(job, st, i, pp, m, plan0.dp) < 1:
+                return st.__class__((), layers), 0.0
+            return st, group_speed(job.model, st, cluster.speed)
+
+        return choose
+
+    def candidates(self, job, plan: Plan, cluster) -> list[tuple[str, Plan]]:
+        out: list[tuple[str, Plan]] = []
+        if all(cluster.alive[x] for x in plan.devices()):
+            out.append(("keep", plan))
+        if self._include_paper(job):
+            try:
+                out.append(("paper", self.paper.plan_for(job, cluster)))
+            except ValueError:
+                pass
+        choose = self.chooser(job, cluster)
+        chosen, pool = select_groups(job, cluster, choose)
+        cover_lost_stages(job, chosen, pool, choose)
+        dp, pp, L = job.dp, job.pp, job.model.num_layers
+        m = job.workload.num_microbatches
+        head = head_layers(job.model)
+        standby = standby_of(pool)
+        v = {g: c[1] for g, c in chosen.items()}
+        hollow = any(s <= 0 for s in v.values())
+        caps = {g: max_layers(job, c[0], g[1], pp, m, dp) for g, c in chosen.items()}
+        if not hollow:
+            current = layer_counts(plan)
+            if len(current) == dp and all(len(c) == pp for c in current):
+                out.append(("exclude", assemble(job, chosen, current, standby).to_plan()))
+            try:
+                splits = [
+                    minmax_partition(L, [v[(d, i)] for i in range(pp)], [caps[(d, i)] for i in range(pp)],
+                                     last_cost=head)
+                    for d in range(dp)
+                ]  # fmt: skip
+                out.append(("pipeline", assemble(job, chosen, splits, standby).to_plan()))
+            except ValueError:
+                pass
+        if hollow or not self._large(job):  # costing a migrated plan is slow at scale
+            try:
+                out.append(("balance", self._balanced(job, chosen, standby, v, caps, cluster)))
+            except ValueError:
+                pass
+        return out
+
+    def _balanced(self, job, chosen, standby, v, caps, cluster) -> Plan:
+        dp, pp, L = job.dp, job.pp, job.model.num_layers
+        draft = assemble(job, chosen, [(1,) * (pp - 1) + (L - pp + 1,)] * dp, standby)
+        costs = microbatch_costs(job, draft)
+        eff, moves = [], []
+        for i in range(pp):
+            scale = {d: 1.0 / v[(d, i)] if v[(d, i)] > 0 else math.inf for d in range(dp)}
+            chunks = [(d, (d, j), costs[d][j]) for d in range(dp) for j in range(draft.microbatches[d])]
+            if len(set(scale.values())) == 1:  # equal replicas: nothing to balance at this stage
+                eff.append(1.0 / max(sum(costs[d]) * scale[d] for d in range(dp)))
+                continue
+            mean = sum(c for _, _, c in chunks) / sum(1 / s for s in scale.values() if math.isfinite(s))
+            where = balance_stage(scale, chunks, None, self.min_gain * mean)
+            eff.append(1.0 / stage_bottleneck(scale, chunks, where))
+            moves += [(d, j, i, g) for (d, j), g in where.items() if g != d]
+        live_caps = [min(caps[(d, i)] for d in range(dp) if v[(d, i)] > 0) for i in range(pp)]
+        counts = minmax_partition(L, eff, live_caps, last_cost=head_layers(job.model))
+        return assemble(job, chosen, [counts] * dp, standby).to_plan(sorted(moves))
+
+    def _large(self, job) -> bool:
+        """More stage-chunks per iteration than `large_chunks`: no paper or migration candidates."""
+        return job.global_microbatches * job.pp > self.large_chunks
+
+    def _include_paper(self, job) -> bool:
+        """Run the paper's planner as a candidate (default: unless the job is large, see `_large`)."""
+        return not self._large(job) if self.include_paper is None else self.include_paper
+
+    def _score(self, it: float, pause_s: float):
+        if math.isinf(self.horizon_s):
+            return (-it, -pause_s)
+        return (max(0.0, self.horizon_s - pause_s) / it, -it)
+
+    def choose_plan(self, job, plan: Plan, cluster) -> tuple[str, Plan, float, object]:
+        """(label, plan, predicted iteration s, reconfig) of the best-scoring candidate.
+
+        `proxy_time` mostly under-estimates the ITP (it leaves out communication, bubbles beyond
+        one fill and ordering stalls), so the score it gives is an optimistic bound. Candidates get
+        the full ITP pass (`iteration_time`) in order of that bound, skipping those whose bound
+        cannot beat the best costed plan; `dag_top` caps the passes (0: trust the proxy alone).
+        The paper's plan, when a candidate, is always costed, so `resihp` never scores below it.
+        """
+        ranked = []
+        for label, cand in self.candidates(job, plan, cluster):
+            if not fits_memory(job, cand):
+                continue
+            rc = reconfig_cost(job, plan, cand, cluster, self.planning_s)
+            ranked.append((self._score(proxy_time(job, cand, cluster), rc.pause_s), label, cand, rc))
+        if not ranked:
+            raise ValueError("no feasible plan for the live devices")
+        ranked.sort(key=lambda r: r[0], reverse=True)
+        if self.dag_top <= 0:
+            _, label, cand, rc = ranked[0]
+            return label, cand, proxy_time(job, cand, cluster), rc
+        best = None
+        for k, (bound, label, cand, rc) in enumerate(ranked):
+            pruned = best is not None and (k >= self.dag_top or bound <= best[0])
+            if pruned and label != "paper":  # the paper's plan is always costed: never worse
+                continue
+            it = iteration_time(job, cand, cluster, self.evaluator)
+            score = self._score(it, rc.pause_s)
+            if best is None or score > best[0]:
+                best = (score, label, cand, it, rc)
+        return best[1], best[2], best[3], best[4]
+
+    def adapt(self, job, plan, cluster, reports) -> Decision:
+        try:
+            label, new, it, rc = self.choose_plan(job, plan, cluster)
+        except ValueError as exc:
+            return Decision(None, reason=f"abort: {exc}")
+        same = new is plan or (new.replicas == plan.replicas and new.assignment == plan.assignment)
+        if same:
+            new = plan
+        else:
+            new = new.with_changes(generation=plan.generation + 1, schedule=plan.schedule)
+        return Decision(new, rc, it, f"resihp: {label}")

@@ -1,0 +1,123 @@
+"""`resihp-paper`: the paper's progressive TP -> PP -> DP adaptation (paper.md §4.4), faithfully.
+
+1. TP: per position, eq. 3/4 over the live members (k_min from memory at the original layer
+   count); leftovers become node-local standbys, taken by positions that later lose a device.
+2. Every replica of a stage lost: rebuild the stage from the snapshot on standbys (layout.py).
+3. PP: one speed-proportional split for all replicas (stage speed = slowest replica's group).
+4. DP: Algorithm 1 in the progress simulation (only when replicas of some stage differ).
+"""
+
+from __future__ import annotations
+
+import math
+
+from resihp.core.plan import Plan, Stage, build_stage
+from resihp.cost import memory
+from resihp.cost.hardware import hardware_preset
+
+from .base import Decision, Policy
+from .layout import assemble, cover_lost_stages, initial_plan, select_groups, standby_of
+from .migrate import microbatch_costs
+from .model import device_memory, group_speed, head_layers, iteration_time, max_layers, n_live, usable_bytes
+from .partition import repartition_paper
+from .progress import progress_migrate
+from .reconfig import PAPER_PLANNING_S, reconfig_cost
+from .tp import select_tp_subgroup
+
+
+def migration_inputs(job, plan, cluster, speeds):
+    """(scale, costs, mem_ok) for the migration planners: seconds-per-cost units per group."""
+    head = head_layers(job.model)
+    scale = {}
+    for d, stages in enumerate(plan.replicas):
+        for i, st in enumerate(stages):
+            v = speeds.get((d, i), 0.0)
+            work = st.num_layers + (head if i == len(stages) - 1 else 0.0)
+            scale[(d, i)] = work / v if v > 0 and not st.hollow else math.inf
+    cap = usable_bytes(job)
+    cache: dict = {}
+
+    def mem_ok(g, n) -> bool:
+        st = plan.replicas[g[0]][g[1]]
+        p = len(plan.replicas[g[0]])
+        key = (st, g[1], n_live(job.schedule, n, g[1], p))
+        if key not in cache:
+            cache[key] = max(device_memory(job, st, g[1], p, n, plan.dp).values()) <= cap
+        return cache[key]
+
+    return scale, microbatch_costs(job, plan), mem_ok
+
+
+class ResiHPPaper(Policy):
+    """The paper's scheduler; `delta` is Algorithm 1's threshold, `prefer_larger` eq. 4's tie rule."""
+
+    name = "resihp-paper"
+
+    def __init__(
+        self, delta: int = 1, prefer_larger: bool = True, planning_s: float = PAPER_PLANNING_S,
+        evaluator: str = "auto",
+    ) -> None:  # fmt: skip
+        self.delta = delta
+        self.prefer_larger = prefer_larger
+        self.planning_s = planning_s
+        self.evaluator = evaluator
+
+    def chooser(self, job, cluster):
+        plan0 = initial_plan(job)
+        hw = hardware_preset(cluster.gpu)
+        pp, m = len(plan0.replicas[0]), job.workload.num_microbatches
+
+        def choose(pos, live):
+            d, i = pos
+            layers = plan0.replicas[d][i].layers
+            k_min = memory.k_min(
+                job.model, layers[1] - layers[0], i == 0, i == pp - 1, job.workload.seq_len,
+                n_live(job.schedule, m, i, pp), hw, plan0.dp, max_tp=job.tp,
+            )  # fmt: skip
+            kept, _ = select_tp_subgroup(
+                live, cluster.speed, k_min or len(live) + 1, prefer_larger=self.prefer_larger
+            )
+            if not kept:
+                return Stage((), layers), 0.0
+            st = build_stage(job.model, kept, layers)
+            return st, group_speed(job.model, st, cluster.speed)
+
+        return choose
+
+    def plan_for(self, job, cluster) -> Plan:
+        """The plan for `cluster`, from the job's initial positions (ValueError if none is feasible)."""
+        choose = self.chooser(job, cluster)
+        chosen, pool = select_groups(job, cluster, choose)
+        cover_lost_stages(job, chosen, pool, choose)
+        dp, pp = job.dp, job.pp
+        live = {i: [d for d in range(dp) if chosen[(d, i)][1] > 0] for i in range(pp)}
+        speeds = [min(chosen[(d, i)][1] for d in live[i]) for i in range(pp)]
+        caps = [
+            min(max_layers(job, chosen[(d, i)][0], i, pp, job.workload.num_microbatches, dp) for d in live[i])
+            for i in range(pp)
+        ]
+        counts = repartition_paper(job.model.num_layers, speeds, caps)
+        draft = assemble(job, chosen, [counts] * dp, standby_of(pool))
+        group_speeds = {g: c[1] for g, c in chosen.items()}
+        uneven = any(len({round(group_speeds[(d, i)], 9) for d in range(dp)}) > 1 for i in range(pp))
+        if not uneven:
+            return draft.to_plan()
+        scale, costs, mem_ok = migration_inputs(job, draft, cluster, group_speeds)
+        return draft.to_plan(progress_migrate(draft, scale, costs, mem_ok, self.delta))
+
+    def adapt(self, job, plan, cluster, reports) -> Decision:
+        try:
+            new = self.plan_for(job, cluster)
+        except ValueError as exc:
+            return Decision(None, reason=f"abort: {exc}")
+        return finish(self, job, plan, new, cluster, "progressive TP->PP->DP (paper)")
+
+
+def finish(policy, job, plan: Plan, new: Plan, cluster, reason: str) -> Decision:
+    """The Decision for switching `plan` -> `new` (same generation when nothing changes)."""
+    same = new.replicas == plan.replicas and new.assignment == plan.assignment
+    new = new.with_changes(generation=plan.generation + (0 if same else 1), schedule=plan.schedule)
+    if same:
+        new = plan
+    rc = reconfig_cost(job, plan, new, cluster, policy.planning_s)
+    return Decision(new, rc, iteration_time(job, new, cluster, policy.evaluator), reason)
