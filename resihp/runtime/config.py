@@ -1,0 +1,167 @@
+"""`resihp train` configuration: a typed dataclass, TOML loading with key validation, and its Plan.
+
+TOML layout (every key optional; defaults = the embedded default job):
+
+    [model]
+    preset = "tiny"              # resihp.core.model_spec presets
+    [parallel]
+    tp = 2
+    pp = 2
+    dp = 2
+    schedule = "1f1b"            # gpipe | 1f1b | zbh1
+    microbatches = 4             # per replica per iteration
+    seq_len = 128                # tokens per packed micro-batch
+    p2p = "root"                 # root | chunked: SEND/RECV between TP groups (runtime/worker.py)
+    [workload]
+    lengths = "pystdlib"         # the embedded corpus; or fixed / c4 / github / ... (synthetic bytes)
+    seed = 0
+    [optim]
+    lr = 3e-3
+    weight_decay = 0.1
+    [run]
+    iterations = 150
+    seed = 0                     # model initialisation
+    workers = 8                  # local worker processes (one per device)
+    timing = true                # per-instruction timings in the trace
+    trace = "trace.jsonl"        # optional: also write the trace as JSON lines
+
+A bad key or value raises ValueError naming `section.key`, the value and what is allowed; a plan
+that does not fit the model or the requested workers fails the same way, before any process starts.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import asdict, dataclass, fields
+
+from resihp.core.model_spec import ModelSpec, model_preset
+from resihp.core.plan import SCHEDULES, Plan
+from resihp.core.workload import LENGTH_KINDS, Workload
+
+from .reference import OptimConfig
+
+MAX_WORKERS_PER_CORE = 16
+P2P_MODES = ("root", "chunked")
+
+# TOML section -> {key in the file: dataclass field}
+SECTIONS: dict[str, dict[str, str]] = {
+    "model": {"preset": "model"},
+    "parallel": {k: k for k in ("tp", "pp", "dp", "schedule", "microbatches", "seq_len", "p2p")},
+    "workload": {"lengths": "lengths", "seed": "data_seed"},
+    "optim": {"lr": "lr", "weight_decay": "weight_decay"},
+    "run": {
+        "iterations": "iterations",
+        "seed": "seed",
+        "workers": "workers",
+        "timing": "timing",
+        "trace": "trace",
+    },
+}
+_WHERE = {fld: f"{sec}.{key}" for sec, keys in SECTIONS.items() for key, fld in keys.items()}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: str = "tiny"
+    tp: int = 2
+    pp: int = 2
+    dp: int = 2
+    schedule: str = "1f1b"
+    microbatches: int = 4
+    seq_len: int = 128
+    p2p: str = "root"
+    lengths: str = "pystdlib"
+    data_seed: int = 0
+    lr: float = 3e-3
+    weight_decay: float = 0.1
+    iterations: int = 150
+    seed: int = 0
+    workers: int = 8
+    timing: bool = True
+    trace: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "dp", "microbatches", "seq_len", "iterations", "workers"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{_WHERE[name]} = {v!r}: must be a positive integer")
+        for name in ("seed", "data_seed"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{_WHERE[name]} = {v!r}: must be a non-negative integer")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"parallel.schedule = {self.schedule!r}: allowed: {', '.join(SCHEDULES)}")
+        if self.p2p not in P2P_MODES:
+            raise ValueError(f"parallel.p2p = {self.p2p!r}: allowed: {', '.join(P2P_MODES)}")
+        if self.lengths not in LENGTH_KINDS:
+            raise ValueError(f"workload.lengths = {self.lengths!r}: allowed: {', '.join(LENGTH_KINDS)}")
+        if not isinstance(self.timing, bool):
+            raise ValueError(f"run.timing = {self.timing!r}: must be true or false")
+        if self.trace is not None and not isinstance(self.trace, str):
+            raise ValueError(f"run.trace = {self.trace!r}: must be a file path")
+        for name in ("lr", "weight_decay"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int | float):
+                raise ValueError(f"{_WHERE[name]} = {getattr(self, name)!r}: must be a number")
+        self.optim()  # range checks of lr / weight_decay
+        model_preset(self.model)
+
+    # ------------------------------------------------------------------ derived objects
+    @property
+    def spec(self) -> ModelSpec:
+        return model_preset(self.model)
+
+    def optim(self) -> OptimConfig:
+        return OptimConfig(lr=float(self.lr), weight_decay=float(self.weight_decay))
+
+    def workload(self) -> Workload:
+        return Workload(self.seq_len, self.microbatches, self.lengths, self.data_seed)
+
+    def plan(self) -> Plan:
+        """The uniform tp x pp x dp plan; ValueError when it does not fit the model or the workers."""
+        plan = Plan.uniform(self.spec, self.tp, self.pp, self.dp, self.microbatches, self.schedule)
+        check_fits(plan, self.workers)
+        return plan
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_toml(cls, path: str) -> TrainConfig:
+        with open(path, "rb") as f:
+            try:
+                data = tomllib.load(f)
+            except tomllib.TOMLDecodeError as e:
+                raise ValueError(f"{path}: not valid TOML: {e}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainConfig:
+        """From the nested TOML layout; unknown sections or keys raise ValueError."""
+        kwargs = {}
+        for sec, body in data.items():
+            if sec not in SECTIONS:
+                raise ValueError(f"unknown section [{sec}]; allowed: {', '.join(SECTIONS)}")
+            if not isinstance(body, dict):
+                raise ValueError(f"[{sec}] must be a table")
+            for key, value in body.items():
+                if key not in SECTIONS[sec]:
+                    raise ValueError(f"unknown key {sec}.{key}; allowed: {', '.join(SECTIONS[sec])}")
+                kwargs[SECTIONS[sec][key]] = value
+        return cls(**kwargs)
+
+
+def check_fits(plan: Plan, workers: int) -> None:
+    """ValueError when the plan needs more devices than `workers` or the machine can host them."""
+    need = len(plan.devices())
+    if need > workers:
+        raise ValueError(f"the plan needs {need} devices but run.workers = {workers}")
+    cores = os.cpu_count() or 1
+    if need > MAX_WORKERS_PER_CORE * cores:
+        raise ValueError(
+            f"the plan needs {need} worker processes; this machine has {cores} cores "
+            f"(at most {MAX_WORKERS_PER_CORE * cores} workers)"
+        )
+
+
+assert {f.name for f in fields(TrainConfig)} == set(_WHERE), "every field has a TOML key"

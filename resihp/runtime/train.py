@@ -1,0 +1,162 @@
+"""`resihp train`: run a job on local CPU workers and return the architecture §5.5 JSON.
+
+`run_training(config)` validates the config and its Plan (ValueError before any process starts),
+launches the controller + one gloo worker per device (`launch`), shows live progress, and returns
+
+    {"config": {...}, "seed": 0, "plan": {...},
+     "iterations": [{"iter", "loss", "time_s", "samples", "tokens", "generation"}, ...],
+     "events": [], "summary": {...}, "trace": [per-device records, docs/trace-format.md]}
+
+`loss` is the mean cross-entropy per target token of the iteration's global batch (the reference's
+definition), `time_s` the slowest device's wall time of the iteration, `samples` the number of
+packed sequences (micro-batches) and `tokens` = samples x seq_len.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from resihp.core.plan import Plan
+from resihp.model.loss import iteration_loss
+
+from .config import TrainConfig, check_fits
+from .launch import JobSpec, launch
+
+TRACE_VERSION = 1
+
+
+class Progress:
+    """Live progress on stderr (stdout stays free for JSON): a rich bar when stderr is a TTY and
+    rich is installed, one plain line per iteration otherwise."""
+
+    def __init__(self, total: int, enabled: bool = True, stream=None) -> None:
+        self.total, self.enabled = total, enabled
+        self.stream = stream or sys.stderr
+        self._rich = None
+        if enabled and self.stream.isatty():
+            try:
+                from rich.console import Console
+                from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+                self._rich = Progress(
+                    TextColumn("[bold]train"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TextColumn("{task.description}"),
+                    console=Console(file=self.stream),
+                    transient=False,
+                )
+                self._task = self._rich.add_task("starting workers", total=total)
+                self._rich.start()
+            except ImportError:
+                self._rich = None
+
+    def update(self, row: dict, samples_per_s: float) -> None:
+        if not self.enabled:
+            return
+        text = (
+            f"iter {row['iter'] + 1}/{self.total}  loss {row['loss']:.4f}  "
+            f"samples/s {samples_per_s:.1f}  gen {row['generation']}"
+        )
+        if self._rich is not None:
+            self._rich.update(self._task, advance=1, description=text)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self._rich is not None:
+            self._rich.stop()
+
+
+def iteration_row(plan: Plan, seq_len: int, it: int, records: list[dict]) -> dict:
+    """One `iterations` entry from every device's record of iteration `it`."""
+    losses = sorted(item for r in records for item in r["losses"])  # (global mb, loss, targets)
+    assert len(losses) == plan.global_microbatches, (it, len(losses))
+    g = plan.global_microbatches
+    loss = iteration_loss(sum(x[1] for x in losses), g, seq_len, sum(x[2] for x in losses))
+    return {
+        "iter": it,
+        "loss": loss,
+        "time_s": max(r["wall_s"] for r in records),
+        "samples": g,
+        "tokens": g * seq_len,
+        "generation": plan.generation,
+    }
+
+
+def run_training(
+    config: TrainConfig | None = None,
+    plan: Plan | None = None,
+    *,
+    progress: bool = True,
+    return_state: bool = False,
+) -> dict:
+    """Train `config` (default: the embedded job) under `plan` (default: `config.plan()`).
+
+    An explicit `plan` overrides the config's model, tp/pp/dp, schedule and micro-batch counts.
+    With `return_state`, the result also carries `"state"`: replica -> full state dict (tensors;
+    not JSON) gathered from the workers' shards at the end.
+    """
+    config = config or TrainConfig()
+    if plan is None:
+        plan = config.plan()
+    else:
+        check_fits(plan, config.workers)
+    workload = config.workload()
+    job = JobSpec(
+        spec=plan.model,
+        workload=workload,
+        optim=config.optim(),
+        seed=config.seed,
+        iterations=config.iterations,
+        timing=config.timing,
+        return_state=return_state,
+        p2p=config.p2p,
+    )
+    rows: list[dict] = []
+    bar = Progress(config.iterations, enabled=progress)
+    t_start = time.perf_counter()
+
+    def on_iteration(it: int, records: list[dict]) -> None:
+        row = iteration_row(plan, workload.seq_len, it, records)
+        rows.append(row)
+        bar.update(row, row["samples"] / max(row["time_s"], 1e-9))
+
+    try:
+        out = launch(plan, job, on_iteration)
+    finally:
+        bar.close()
+    elapsed = time.perf_counter() - t_start
+    trace = [
+        {k: v for k, v in rec.items() if k != "losses"}
+        for it in sorted(out["records"])
+        for rec in out["records"][it]
+    ]
+    if config.trace:
+        with open(config.trace, "w") as f:
+            for rec in trace:
+                f.write(json.dumps(rec) + "\n")
+    steady = rows[1:] or rows
+    run_s = sum(r["time_s"] for r in steady)
+    result = {
+        "config": config.to_dict(),
+        "seed": config.seed,
+        "plan": plan.to_dict(),
+        "iterations": rows,
+        "events": [],
+        "summary": {
+            "wall_s": elapsed,
+            "first_loss": rows[0]["loss"],
+            "final_loss": rows[-1]["loss"],
+            "samples_per_s": sum(r["samples"] for r in steady) / max(run_s, 1e-9),
+            "tokens_per_s": sum(r["tokens"] for r in steady) / max(run_s, 1e-9),
+        },
+        "trace_version": TRACE_VERSION,
+        "trace": trace,
+    }
+    result["worker_pids"] = out["pids"]
+    if return_state:
+        result["state"] = out["state"]
+    return result

@@ -1,0 +1,275 @@
+"""One device's executor: its stage's TP shard, its AdamW state, and its compiled instruction list.
+
+Semantics of the primitives (`resihp.core.program`), per micro-batch (src, j) at stage i:
+
+* F: forward of the stage shard (TP collectives inside, via `enter`/`reduce`); the last stage also
+  computes the micro-batch loss `sum CE / (G * seq_len)` (`resihp.model.loss`).
+* B: input gradient. Under zbh1 only d(loss)/d(x) (graph kept for W); under gpipe/1f1b B computes
+  input and weight gradients in one backward and W is a no-op — equivalent, because those
+  schedules send the gradient upstream only after W.
+* W: weight gradients (zbh1), accumulated into `.grad`.
+* SEND/RECV: activations and input gradients are replicated over a TP group, so any member may
+  send them. `p2p = "root"`: TP rank 0 sends the whole (N, h) tensor to the peer's TP rank 0,
+  which broadcasts it in its TP group. `p2p = "chunked"` (ResiHP's rule): the tensor is cut into
+  n = min(tp_send, tp_recv) row blocks, rank r < n sends block r to the peer's rank r (n links in
+  parallel), and the receivers broadcast their blocks in their TP group. Global-rank P2P on the
+  default group; sends are `isend`s waited before ALLREDUCE. Exact for any pair of TP sizes.
+* ALLREDUCE: per layer segment (`groups.grad_segments`). Where all replicas split the segment
+  alike: TP sum of the partial entries (`sync_tp_grads`), then an all-reduce of the shard over the
+  devices of equal TP rank. Otherwise every device writes its contribution into the full
+  unsharded layout (TP-partial entries added, whole-model entries by TP rank 0 only), one
+  all-reduce sums TP partials and DP replicas at once, and each device slices its shard back out —
+  correct for replicas with different TP splits or layer partitions.
+* STEP: AdamW on the shard (element-wise, so shard steps equal the full-model step).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from resihp.core.plan import Plan
+from resihp.core.program import Instr, compile_plan
+from resihp.model import (
+    build_stage,
+    full_shape,
+    gather_tensor,
+    layer_param_names,
+    slice_tensor,
+    sync_tp_grads,
+)
+from resihp.model.loss import microbatch_loss
+
+from .collectives import CommClock, tp_callables
+from .data import build_microbatch
+from .groups import Groups
+from .reference import build_optimizer
+
+
+def _tag(src: int, mb: int, what: str) -> int:
+    return (src * 100_000 + mb) * 2 + (what == "grad")
+
+
+class Worker:
+    """Executes `compile_plan(plan).instructions(device)` once per iteration."""
+
+    def __init__(self, plan: Plan, device: int, groups: Groups, job) -> None:
+        self.plan, self.device, self.groups, self.job = plan, device, groups, job
+        self.spec, self.workload = job.spec, job.workload
+        self.instrs = compile_plan(plan).instructions(device)
+        self.replica, self.stage_index = plan.stage_of(device)
+        st = plan.replicas[self.replica][self.stage_index]
+        self.stage = st
+        self.model = build_stage(
+            self.spec, st.layers, st.tp_split, st.ffn_split, groups.tp_rank, seed=job.seed
+        )
+        self.named = dict(self.model.named_parameters())
+        self.params = list(self.named.values())
+        self.opt = build_optimizer(self.named.items(), job.optim)
+        self.clock = CommClock(job.timing)
+        self.enter, self.reduce = tp_callables(groups.tp_group, self.clock)
+        self.split_bw = plan.schedule == "zbh1"
+        self.is_root = groups.tp_rank == 0
+        self._zero_shards = (
+            {n: self._zeros(n) for n in self.named}
+            if not all(aligned for _, aligned, _ in groups.segments)
+            else {}
+        )
+
+    def _zeros(self, name: str) -> list[torch.Tensor]:
+        full = torch.zeros(full_shape(self.spec, name))
+        st = self.stage
+        return [slice_tensor(self.spec, name, full, st.tp_split, st.ffn_split, r) for r in range(st.tp)]
+
+    # ------------------------------------------------------------------ one iteration
+    def run_iteration(self, it: int) -> dict:
+        """Run the instruction list for iteration `it`; returns this device's trace record."""
+        plan = self.plan
+        self.G = plan.global_microbatches
+        self.it, self.batch = it, self.workload.pack(it, self.G)
+        self.mbs, self.live, self.acts, self.grads, self.gx = {}, {}, {}, {}, {}
+        self.sends, self.losses = [], []
+        timing = self.clock.enabled
+        records = []
+        self.clock.comm_s = 0.0
+        t_start, cpu_start = time.perf_counter(), time.process_time()
+        for ins in self.instrs:
+            if timing:
+                t0, c0 = time.perf_counter(), self.clock.comm_s
+            getattr(self, "_" + ins.op)(ins)
+            if timing:
+                wall, comm = time.perf_counter() - t0, self.clock.comm_s - c0
+                records.append([ins.op, ins.src, ins.mb, round(wall - comm, 7), round(comm, 7)])
+        wall, cpu = time.perf_counter() - t_start, time.process_time() - cpu_start
+        return {
+            "iter": it,
+            "generation": plan.generation,
+            "device": self.device,
+            "replica": self.replica,
+            "stage": self.stage_index,
+            "tp_rank": self.groups.tp_rank,
+            "wall_s": wall,
+            "cpu_s": cpu,
+            "compute_s": sum(r[3] for r in records),
+            "comm_s": sum(r[4] for r in records),
+            "instrs": records,
+            "losses": self.losses,
+        }
+
+    def _mb(self, src: int, j: int):
+        key = (src, j)
+        if key not in self.mbs:
+            k = self.plan.mb_offset(src) + j
+            self.mbs[key] = build_microbatch(self.workload, self.batch, k, self.it)
+        return self.mbs[key]
+
+    # ------------------------------------------------------------------ primitives
+    def _F(self, ins: Instr) -> None:
+        key = (ins.src, ins.mb)
+        mb = self._mb(*key)
+        x = mb.input_ids if self.model.is_first else self.acts.pop(key).requires_grad_()
+        out = self.model(x, mb.segment_ids, mb.positions, enter=self.enter, reduce=self.reduce)
+        if self.model.is_last:
+            out, n = microbatch_loss(out, mb.target_ids, self.G, self.workload.seq_len)
+            if self.is_root:
+                self.losses.append([self.plan.mb_offset(ins.src) + ins.mb, out.item(), n])
+        self.live[key] = [x, out, None]
+
+    def _B(self, ins: Instr) -> None:
+        key = (ins.src, ins.mb)
+        x, out, _ = entry = self.live[key]
+        g = self.grads.pop(key, None)  # None on the last stage: out is the scalar loss
+        first = self.model.is_first
+        if self.split_bw:
+            entry[2] = g
+            if not first:
+                (self.gx[key],) = torch.autograd.grad(out, [x], g, retain_graph=True)
+            return
+        inputs = self.params if first else [x, *self.params]
+        grads = torch.autograd.grad(out, inputs, g, allow_unused=True)
+        if not first:
+            self.gx[key], grads = grads[0], grads[1:]
+        self._accumulate(grads)
+        del self.live[key]
+
+    def _W(self, ins: Instr) -> None:
+        if not self.split_bw:
+            return
+        key = (ins.src, ins.mb)
+        _, out, g = self.live.pop(key)
+        self._accumulate(torch.autograd.grad(out, self.params, g, allow_unused=True))
+
+    def _accumulate(self, grads) -> None:
+        for p, g in zip(self.params, grads):
+            if g is not None:
+                p.grad = g if p.grad is None else p.grad.add_(g)
+
+    def _links(self, peer: tuple[int, int]) -> int:
+        """Number of parallel P2P links to the peer stage: 1 (root to root) or min of the TP sizes."""
+        if self.job.p2p == "root":
+            return 1
+        return min(self.stage.tp, self.plan.replicas[peer[0]][peer[1]].tp)
+
+    def _RECV(self, ins: Instr) -> None:
+        buf = torch.empty(self.workload.seq_len, self.spec.hidden)  # (N, h)
+        n, rank = self._links(ins.peer), self.groups.tp_rank
+        chunks = torch.tensor_split(buf, n)  # contiguous row blocks of buf, received in place
+        with self.clock.comm():
+            if rank < n:
+                src = self.groups.rank_of(*ins.peer, rank)
+                dist.recv(chunks[rank], src=src, tag=_tag(ins.src, ins.mb, ins.what))
+            if self.groups.tp_group is not None:
+                for r in range(n):
+                    dist.broadcast(
+                        chunks[r],
+                        src=self.groups.rank_of(self.replica, self.stage_index, r),
+                        group=self.groups.tp_group,
+                    )
+        (self.acts if ins.what == "act" else self.grads)[(ins.src, ins.mb)] = buf
+
+    def _SEND(self, ins: Instr) -> None:
+        key = (ins.src, ins.mb)
+        t = self.live[key][1] if ins.what == "act" else self.gx.pop(key)
+        n, rank = self._links(ins.peer), self.groups.tp_rank
+        if rank >= n:
+            return
+        t = torch.tensor_split(t.detach(), n)[rank].contiguous()  # (N/n, h)
+        with self.clock.comm():
+            dst = self.groups.rank_of(*ins.peer, rank)
+            work = dist.isend(t, dst=dst, tag=_tag(ins.src, ins.mb, ins.what))
+        self.sends.append((work, t))
+
+    def _segment_names(self, lo: int, hi: int) -> list[str]:
+        names = ["embed.weight"] if lo == 0 and self.model.is_first else []
+        for k in range(lo, hi):
+            names += layer_param_names(self.spec, k)
+        if hi == self.spec.num_layers and self.model.is_last:
+            names += ["norm.weight", "lm_head.weight"]
+        return names
+
+    def _ALLREDUCE(self, ins: Instr) -> None:
+        with self.clock.comm():  # sends still in flight count as communication of this step
+            for work, _ in self.sends:
+                work.wait()
+        self.sends.clear()
+        for (lo, hi), aligned, group in self.groups.segments:
+            names = self._segment_names(lo, hi)
+            for n in names:  # a replica without micro-batches still steps (with zero gradients)
+                if self.named[n].grad is None:
+                    self.named[n].grad = torch.zeros_like(self.named[n])
+            if aligned:
+                self._reduce_shards(names, group)
+            else:
+                self._reduce_full(names, group)
+
+    def _reduce_shards(self, names: list[str], group) -> None:
+        """Equal TP splits everywhere: TP-sum the partial entries, then all-reduce shards over DP."""
+        st, rank = self.stage, self.groups.tp_rank
+        grads = {n: self.named[n].grad for n in names}
+        tp_group = self.groups.tp_group
+
+        def tp_sum(t: torch.Tensor) -> None:
+            with self.clock.comm():
+                dist.all_reduce(t, group=tp_group)
+
+        sync_tp_grads(self.spec, grads, st.tp_split, st.ffn_split, rank, tp_sum)
+        if group is None:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads.values()])
+        with self.clock.comm():
+            dist.all_reduce(flat, group=group)
+        offset = 0
+        for g in grads.values():
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def _reduce_full(self, names: list[str], group) -> None:
+        """Different TP splits: reduce in the full layout (TP partials and DP replicas at once)."""
+        st, rank = self.stage, self.groups.tp_rank
+        parts = []
+        for n in names:
+            shards = list(self._zero_shards[n])
+            shards[rank] = self.named[n].grad
+            full = gather_tensor(self.spec, n, shards, st.tp_split, st.ffn_split, "sum")
+            parts.append(full.reshape(-1))
+        flat = torch.cat(parts)
+        if group is not None:
+            with self.clock.comm():
+                dist.all_reduce(flat, group=group)
+        offset = 0
+        for n in names:
+            shape = full_shape(self.spec, n)
+            numel = int(torch.Size(shape).numel())
+            full = flat[offset : offset + numel].view(shape)
+            offset += numel
+            self.named[n].grad = slice_tensor(self.spec, n, full, st.tp_split, st.ffn_split, rank)
+
+    def _STEP(self, ins: Instr) -> None:
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def state_numpy(self) -> dict:
+        """This shard's parameters as numpy arrays (canonical names)."""
+        return {n: p.detach().numpy().copy() for n, p in self.named.items()}
