@@ -1,0 +1,254 @@
+"""Generate docs/results.md: the paper's Table 6 / Fig. 9 / Fig. 10 / Fig. 11 next to ours.
+
+    python benchmarks/run_paper.py && python scripts/plot_results.py && python scripts/results_md.py
+
+Compared quantities are ratios between policies (paper.md §7), never absolute samples/s:
+Table 6 as throughput / fault-free, Fig. 9 as throughput / unmitigated, Fig. 10 and Fig. 11 as
+throughput / ReCycle. A cell matches when ours is within ±25% of the paper's value (inside the
+range widened by 25% for range labels), or when both abort.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from paper_numbers import FIG9, FIG10, FIG11, FREQS, MODELS, TABLE6  # noqa: E402
+
+TOL = 0.25
+
+
+def load(family: str, name: str, results: Path) -> dict | None:
+    path = results / family / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def value(run: dict | None, policy: str, denom: float):
+    """Ours as a ratio; 'abort', 'not built yet', or None when missing."""
+    if run is None or policy not in run["policies"]:
+        return None
+    p = run["policies"][policy]
+    if "status" in p:
+        return p["status"]
+    return ("abort", p["samples_per_s"] / denom) if p["aborted"] else p["samples_per_s"] / denom
+
+
+def match(paper, ours) -> bool | None:
+    if isinstance(ours, str) or ours is None:
+        return None if ours in (None, "not built yet") else paper is None
+    aborted = isinstance(ours, tuple)
+    if paper is None:
+        return aborted
+    if aborted:
+        return False
+    if isinstance(paper, tuple):
+        return paper[0] / (1 + TOL) <= ours <= paper[1] * (1 + TOL)
+    return abs(ours / paper - 1) <= TOL
+
+
+def fmt(x) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, str):
+        return x
+    if isinstance(x, tuple) and isinstance(x[0], str):
+        return f"abort ({x[1]:.2f})"
+    if isinstance(x, tuple):
+        return f"{x[0]:.2f}–{x[1]:.2f}"
+    return f"{x:.2f}"
+
+
+# Why a cell can fall outside ±25%: (substring of the cell label, explanation); first match wins.
+NOTES = (
+    ("ResiHP/fault-free", "scheduler issue's policy (`resihp-paper`); compare the `resihp` table"),
+    ("resihp-paper", "scheduler issue's policy; its deviation is tracked there"),
+    ("adaptra/none", "Adaptra's warm-up increase is modelled by its extreme (GPipe, memory-checked)"),
+    ("greyhound/none", "our S3 re-splits layers exactly by measured speed; the paper's smaller Qwen/30B "
+     "gains point to a cost it does not specify (S3's communication-aware split)"),
+    ("recycle+greyhound", "S-ReCycle's S2 weights by slowest device, not measured replica time"),
+)  # fmt: skip
+
+
+CHOICES = (
+    "## Modelling choices where the paper is silent",
+    "",
+    "- Kills (`stop-every`): one device per event from 5 min on; replica by replica, one device of "
+    "every stage's TP group per round, at most half of each group; runs last N/2 x 30 min, so the "
+    "30-min preset ends with half the GPUs (paper: 4–16 h, 50% left).",
+    "- Fig. 9 runs (2 h): a compute fail-slow on one device for the first half, then a link fail-slow "
+    "on a PP link for the second half, each calibrated by bisection so the unmitigated throughput "
+    "drops 35/55/70% (W/M/S). The paper does not say how it mixes them; Adaptra's non-1x bars imply "
+    "links are part of it.",
+    "- Fig. 10 / 11 (`mixed`): fail-stop and a medium compute fail-slow alternate every interval "
+    "(persistent slows on devices never killed); Fig. 14 adds re-joins 2 h after each stop.",
+    "- Fig. 11 needs `resihp-paper` with components switched on one at a time (a `components` "
+    'option); until the scheduler exposes it those cells read "not built yet".',
+    "- Detection: heartbeat 3 s (ReCycle, ResiHP), 1.5 s (Oobleck), 10 min hang detection (none, "
+    "checkpoint-restart, Adaptra); Greyhound 11 iterations + Table 5 validation pauses and false alarms.",
+)
+
+
+def note_for(label: str) -> str:
+    return next((text for key, text in NOTES if key in label), "")
+
+
+class Tally:
+    def __init__(self):
+        self.rows: list[str] = []
+        self.hit = self.total = 0
+        self.split = {True: [0, 0], False: [0, 0]}  # ResiHP cell? -> [hit, total]
+
+    def cell(self, label: str, paper, ours, note: str = "") -> None:
+        ok = match(paper, ours)
+        if ok is not None:
+            self.total += 1
+            self.hit += ok
+            ours_cell = "resihp" in label.lower()
+            self.split[ours_cell][0] += ok
+            self.split[ours_cell][1] += 1
+        mark = {True: "✓", False: "✗", None: "n/a"}[ok]
+        note = note or (note_for(label) if ok is False else "")
+        self.rows.append(f"| {label} | {fmt(paper)} | {fmt(ours)} | {mark} | {note} |")
+
+
+def table6(results: Path, t: Tally, policy: str) -> None:
+    for m in MODELS:
+        ff, oob, rec, res = TABLE6[m]
+        for k, f in enumerate(FREQS):
+            run = load("table6", f"{m}-stop-{f}", results)
+            x0 = run["fault_free_samples_per_s"] if run else 1.0
+            for name, paper, ours in (
+                ("Oobleck", oob[k], "oobleck"), ("ReCycle", rec[k], "recycle"), ("ResiHP", res[k], policy)
+            ):  # fmt: skip
+                t.cell(
+                    f"{m} {f} {name}/fault-free", None if paper is None else paper / ff, value(run, ours, x0)
+                )
+
+
+def fig9(results: Path, t: Tally, policy: str) -> None:
+    for m in MODELS:
+        for level in ("W", "M", "S"):
+            run = load("fig9", f"{m}-slow-{level}", results)
+            base = run["policies"]["none"]["samples_per_s"] if run else 1.0
+            for name, paper in FIG9[m][level].items():
+                ours = policy if name == "resihp-paper" else name
+                t.cell(f"{m} {level} {name}/none", paper, value(run, ours, base))
+
+
+def fig10(results: Path, t: Tally, policy: str) -> None:
+    for m in MODELS:
+        for f in FREQS:
+            run = load("fig10", f"{m}-mixed-{f}", results)
+            base = run["policies"]["recycle"]["samples_per_s"] if run else 1.0
+            for name in ("recycle+greyhound", "oobleck+greyhound", "resihp-paper"):
+                paper = FIG10[m][f].get(name, "ambiguous")
+                ours = value(run, policy if name == "resihp-paper" else name, base)
+                if paper == "ambiguous":
+                    t.rows.append(
+                        f"| {m} {f} {name}/ReCycle | (label not assignable) | {fmt(ours)} | n/a | |"
+                    )
+                else:
+                    t.cell(f"{m} {f} {name}/ReCycle", paper, ours)
+
+
+def fig11(results: Path, t: Tally) -> None:
+    for (m, f), parts in FIG11.items():
+        run = load("fig11", f"{m}-mixed-{f}", results)
+        base = run["policies"]["recycle"]["samples_per_s"] if run else 1.0
+        acc = 0.0
+        for label, gain in zip(("DE", "DE+LR", "DE+LR+WM"), parts):
+            acc += gain
+            t.cell(
+                f"{m} {f} resihp-paper[{label}]/ReCycle",
+                round(acc, 2),
+                value(run, f"resihp-paper[{label}]", base),
+            )
+
+
+def fig14(results: Path) -> list[str]:
+    """Fig. 14 (not part of the ±25% count): ResiHP over the strengthened baselines."""
+    run = load("fig14", "llama2-70b-large", results)
+    if run is None:
+        return []
+    p = run["policies"]
+    rows = ["## Fig. 14: LLaMA 2-70B, 256 GPUs, ~10,000 iterations (average throughput ratios)", ""]
+    rows += ["| ratio | paper | ours (`resihp-paper`) | ours (`resihp`) |", "|---|---|---|---|"]
+    for base, paper in (("recycle+greyhound", 1.39), ("oobleck+greyhound", 1.11)):
+        ours = [p[n]["samples_per_s"] / p[base]["samples_per_s"] for n in ("resihp-paper", "resihp")]
+        rows.append(f"| ResiHP / {base} | {paper:.2f} | {ours[0]:.2f} | {ours[1]:.2f} |")
+    return [*rows, "", "![Fig. 14](figures/fig14.png)", ""]
+
+
+def capacity(results: Path) -> list[str]:
+    rows = ["| family | policy | mean throughput ÷ capacity bound |", "|---|---|---|"]
+    for family in ("table6", "fig9", "fig10", "fig14"):
+        acc: dict[str, list[float]] = {}
+        for path in sorted((results / family).glob("*.json")):
+            for name, p in json.loads(path.read_text())["policies"].items():
+                if "samples_per_s" in p and p["capacity_bound_samples_per_s"] > 0:
+                    acc.setdefault(name, []).append(p["samples_per_s"] / p["capacity_bound_samples_per_s"])
+        for name, xs in sorted(acc.items()):
+            rows.append(f"| {family} | {name} | {sum(xs) / len(xs):.3f} |")
+    return rows
+
+
+def main(argv: list[str]) -> None:
+    results = Path(argv[0]) if argv else ROOT / "results" / "paper"
+    out = ROOT / "docs" / "results.md"
+    lines = [
+        "# Paper vs ours (generated by scripts/results_md.py; do not edit)",
+        "",
+        __doc__.split("\n\n", 2)[2].strip(),
+        "",
+        "Scenarios: `scenarios/paper/` (scripts/make_paper_scenarios.py); runs: `benchmarks/run_paper.py`.",
+        "Columns: the paper's ratio, ours, ✓ within ±25% (or both abort), ✗ outside, n/a not comparable.",
+        "",
+        "![Table 6](figures/table6.png) ![Fig. 9](figures/fig9.png) ![Fig. 10](figures/fig10.png)",
+        "",
+        *CHOICES,
+        "",
+    ]
+    summary = []
+    for title, fill in (
+        ("Table 6: fail-stop only (throughput / fault-free)", lambda t, p: table6(results, t, p)),
+        ("Fig. 9: fail-slow only (throughput / unmitigated)", lambda t, p: fig9(results, t, p)),
+        ("Fig. 10: mixed failures (throughput / ReCycle)", lambda t, p: fig10(results, t, p)),
+        ("Fig. 11: ablation (throughput / ReCycle, cumulative)", lambda t, p: fig11(results, t)),
+    ):
+        for policy in ("resihp-paper", "resihp"):
+            if title.startswith("Fig. 11") and policy == "resihp":
+                continue
+            t = Tally()
+            fill(t, policy)
+            head = f"## {title}, ResiHP column = `{policy}`"
+            lines += [
+                head,
+                "",
+                "| cell | paper | ours | match | note |",
+                "|---|---|---|---|---|",
+                *t.rows,
+                "",
+            ]
+            lines += [f"Matched {t.hit} of {t.total} comparable cells.", ""]
+            (bh, bt), (rh, rt) = t.split[False], t.split[True]
+            summary.append(f"| {title} | `{policy}` | {bh} / {bt} | {rh} / {rt} |")
+    lines += [
+        "## Summary",
+        "",
+        "| family | ResiHP column | baseline cells within ±25% | ResiHP cells within ±25% |",
+        "|---|---|---|---|",
+        *summary,
+        "",
+    ]
+    lines += fig14(results)
+    lines += ["## Throughput as a fraction of the capacity bound", "", *capacity(results), ""]
+    out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

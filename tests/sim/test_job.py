@@ -1,0 +1,137 @@
+"""The job simulator over wall-clock time: determinism, aborts, pauses and the capacity bound."""
+
+import json
+
+import pytest
+
+from resihp.core.faults import FaultSpec
+from resihp.core.scenario import loads_scenario
+from resihp.sched.baselines import BASELINES
+from resihp.sim.compare import NOT_BUILT, dumps, simulate_scenario
+from resihp.sim.job import simulate
+
+BASE = """
+name = "t"
+[model]
+preset = "llama2-7b"
+[cluster]
+nodes = 2
+gpus_per_node = 8
+[parallel]
+tp = 4
+dp = 2
+pp = 2
+seq_len = 8192
+microbatches = 8
+[run]
+duration_s = {duration}
+"""
+
+
+def scenario(faults: str = "", duration: int = 7200):
+    return loads_scenario(BASE.format(duration=duration) + faults)
+
+
+STOP = '[[faults]]\nkind = "stop"\nat_s = {t}\ndevice = {d}\n'
+
+
+def test_same_seed_gives_identical_json():
+    """Two runs of the same scenario and seed serialise to the same bytes."""
+    s = scenario('[faults]\ngenerator = "mixed"\ninterval_s = 1800\n')
+    names = ["recycle", "greyhound", "oobleck+greyhound"]
+    assert dumps(simulate_scenario(s, names, 3)) == dumps(simulate_scenario(s, names, 3))
+
+
+def test_none_aborts_on_a_stop():
+    """Without mitigation a fail-stop hangs the job for the hang timeout, then aborts it."""
+    run = simulate(scenario(STOP.format(t=600, d=5)), BASELINES["none"]())
+    assert run.aborted and run.abort_t_s == pytest.approx(600 + 600)
+    assert run.timeline[-1][1] == 0.0
+    assert run.samples_per_s < run.capacity_bound_samples_per_s
+
+
+def test_recycle_aborts_when_every_replica_of_a_stage_dies():
+    """Killing stage 0 in both replicas leaves ReCycle no peer: reported as an abort."""
+    run = simulate(scenario(STOP.format(t=600, d=1) + STOP.format(t=1200, d=9)), BASELINES["recycle"]())
+    assert run.aborted and run.abort_t_s == pytest.approx(1203.0)
+    assert any(e["kind"] == "abort" for e in run.events)
+
+
+def test_recycle_survives_one_dead_stage_at_reduced_throughput():
+    """One dead TP group: ReCycle keeps training, slower than fault-free, never above the bound."""
+    clean = simulate(scenario(), BASELINES["recycle"]())
+    run = simulate(scenario(STOP.format(t=60, d=2)), BASELINES["recycle"]())
+    assert not run.aborted
+    assert 0.3 * clean.samples_per_s < run.samples_per_s < 0.8 * clean.samples_per_s
+    assert run.samples_per_s <= run.capacity_bound_samples_per_s
+
+
+@pytest.mark.parametrize("name", sorted(BASELINES))
+def test_every_baseline_stays_under_the_capacity_bound(name):
+    """On the mixed pattern every baseline's average throughput is at most the capacity bound."""
+    s = scenario('[faults]\ngenerator = "mixed"\ninterval_s = 1800\n')
+    run = simulate(s, BASELINES[name](), seed=1)
+    assert 0.0 <= run.samples_per_s <= run.capacity_bound_samples_per_s + 1e-9
+    json.dumps(run.to_dict())
+
+
+def test_greyhound_climbs_its_ladder_on_a_fail_slow():
+    """A persistent fail-slow: S2 at detection (with a validation pause), then a ski-rental escalation."""
+    s = scenario('[[faults]]\nkind = "slow"\nat_s = 60\ndevice = 6\nseverity = 0.4\n')
+    run = simulate(s, BASELINES["greyhound"]())
+    kinds = [e["kind"] for e in run.events]
+    assert "replan" in kinds and "escalate" in kinds
+    none = simulate(s, BASELINES["none"]())
+    assert run.samples_per_s > 1.2 * none.samples_per_s
+
+
+def test_checkpoint_restart_pays_hang_restart_and_lost_work():
+    """A stop costs checkpoint-restart the hang detection, u0 and seeded lost work."""
+    run = simulate(scenario(STOP.format(t=600, d=5)), BASELINES["checkpoint-restart"]())
+    replan = next(e for e in run.events if e["kind"] == "replan")
+    assert replan["t_s"] == pytest.approx(1200.0)
+    assert 600.0 <= replan["pause_s"] <= 4200.0
+
+
+def test_unknown_policy_reports_not_built():
+    """A policy name nobody registered is reported as not built, never stubbed."""
+    out = simulate_scenario(scenario(), ["recycle", "malleus"], 0)
+    assert out["policies"]["malleus"] == {"status": NOT_BUILT}
+    assert out["fault_free_samples_per_s"] > 0
+
+
+def test_iteration_runs_and_at_iter_faults():
+    """`run.iterations` and `at_iter` are measured in fault-free iteration times."""
+    text = BASE.replace("duration_s = {duration}", "iterations = 1000") + STOP.format(t=0, d=3).replace(
+        "at_s = 0", "at_iter = 500"
+    )
+    run = simulate(loads_scenario(text), BASELINES["recycle"]())
+    stop = next(e for e in run.events if e["kind"] == "stop")
+    horizon = run.timeline[-1][0]
+    assert 0 < stop["t_s"] < horizon
+    assert FaultSpec("stop", at_iter=1, device=0).at_iter == 1
+
+
+def test_plot_timeline_writes_a_png(tmp_path):
+    """`plot_timeline` draws every policy's timeline with fault markers into a PNG."""
+    from resihp.sim.plot import plot_timeline
+
+    out = simulate_scenario(scenario(STOP.format(t=600, d=5)), ["none", "recycle"], 0)
+    path = tmp_path / "t.png"
+    plot_timeline(out, str(path))
+    assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_class_decomposition_matches_one_dag_pass():
+    """Evaluating replica classes separately and syncing at the end equals the whole-plan DAG."""
+    from resihp.core.plan import split_by_weight
+    from resihp.sim.predict import predict
+    from resihp.sim.timing import _by_classes
+
+    text = BASE.format(duration=60).replace("nodes = 2", "nodes = 8").replace("dp = 2", "dp = 8")
+    job = loads_scenario(text).job
+    plan = job.initial_plan()
+    plan = plan.with_changes(microbatches=split_by_weight(plan.global_microbatches, [1, 0.5] + [1] * 6, 1))
+    cluster = job.cluster.with_speed(13, 0.5).with_link(0, 4, 0.2)
+    fast = _by_classes(job, plan, cluster, 5, send_blocks=False)
+    assert fast == pytest.approx(predict(job, plan, cluster, 5, send_blocks=False).iteration_s, rel=1e-12)
