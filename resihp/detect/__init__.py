@@ -1,7 +1,9 @@
 """Detector: heartbeat liveness, change-point detection with the workload filter, localization.
 
 Torch-free. The micro-batch time predictor lives in `resihp.cost.calibration`; the iteration-time
-predictor is the pipeline simulator (`resihp.sim.pipeline`), whose prediction callers pass in.
+predictor (`ITP`) is the pipeline simulator (`resihp.sim.pipeline`) on fitted MTP rows. `replay`
+runs the detectors over a run's samples, `trace_io` reads the runtime's trace, `bench` is the
+accuracy protocol on synthetic jobs (`jobs`), `from_scenario` synthesizes a scenario's trace.
 """
 
 from .bocpd import BOCPD
@@ -14,13 +16,16 @@ from .changepoint import (
     ResiHPDetector,
 )
 from .heartbeat import C10dStore, Coordinator, DictStore, HeartbeatConfig, NodeMonitor, WorkerHeartbeat
+from .itp import ITP, BatchDag
 from .localize import LocalizeConfig, Localizer
 from .report import REPORT_KINDS, FailureReport
+from .trace_io import TraceRecord, read_trace
 
 __all__ = [
     "BOCPD",
     "REPORT_KINDS",
     "Alarm",
+    "BatchDag",
     "C10dStore",
     "ChangePointStage",
     "Coordinator",
@@ -30,9 +35,12 @@ __all__ = [
     "FailureReport",
     "GreyhoundDetector",
     "HeartbeatConfig",
+    "ITP",
     "LocalizeConfig",
     "Localizer",
     "NodeMonitor",
     "ResiHPDetector",
+    "TraceRecord",
     "WorkerHeartbeat",
+    "read_trace",
 ]

@@ -6,6 +6,8 @@ Stage (a), shared by both detectors (`ChangePointStage`):
   2. Once `persistence` points from c on exist (c included), compare the mean of those points with
      the mean of the `before_window` points before c, each after dropping robust-z > `outlier_z`
      outliers (median/MAD z, so one spike cannot hide another). |shift| >= `min_shift` confirms a
+     (with `persist_all`, only if every one of those points is itself shifted by >= min_shift the
+     same way: two spikes among three points are not a level change)
      `Detection`; otherwise the candidate was jitter. One candidate is pending at a time; a
      candidate dated at or before the last handled one is ignored.
 
@@ -48,6 +50,7 @@ class DetectorConfig:
     min_before: int = 10  # no decision before this much history
     gate: float = 0.25  # ResiHP: observed > (1 + gate) × predicted goes to localization
     max_lag: int = 64  # how many recent points can still be removed from the series
+    persist_all: bool = False  # every confirmation point must be shifted, not just their mean
 
     def __post_init__(self) -> None:
         def bad(name: str, allowed: str) -> ValueError:
@@ -180,6 +183,8 @@ class ChangePointStage:
         b, a = _robust_mean(before, c.outlier_z), _robust_mean(after, c.outlier_z)
         shift = a / b - 1.0
         if abs(shift) < c.min_shift:
+            return None
+        if c.persist_all and not np.all(np.sign(shift) * (after / b - 1.0) >= c.min_shift):
             return None
         self._handled = iteration  # later candidates inside this window are the same change
         return Detection(start, iteration, b, a, shift)
