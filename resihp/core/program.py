@@ -23,6 +23,7 @@ Plans with migrated chunks take their orders from a unit-time list-scheduling ru
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 from .plan import Plan
@@ -136,10 +137,16 @@ def _greedy_orders(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> d
     for g in work:
         p = len(plan.replicas[g[0]])
         limits[g] = {"gpipe": 10**9, "1f1b": p - g[1], "zbh1": p}[plan.schedule]
-    ready: dict[GroupKey, list[list]] = {g: [[], [], []] for g in work}  # per kind: (j, src)
+    # Ready chunks per group: F per source replica (heaps of j, so the per-source live limit is
+    # cheap to apply), B and W as heaps of (j, src).
+    ready_f: dict[GroupKey, dict[int, list[int]]] = {g: {} for g in work}
+    ready_bw: dict[GroupKey, tuple[list, list]] = {g: ([], []) for g in work}
     for g, items in work.items():
         if g[1] == 0:
-            ready[g][F] = sorted(items)
+            for j, src in items:
+                ready_f[g].setdefault(src, []).append(j)
+            for heap in ready_f[g].values():
+                heapq.heapify(heap)
     grad_kind = B if plan.schedule == "zbh1" else W
     # 1F1B runs each W right after its B (`forced`), so W is never picked on its own there.
     preference = {"gpipe": (F, B, W), "1f1b": (B, F), "zbh1": (B, F, W)}[plan.schedule]
@@ -148,35 +155,57 @@ def _greedy_orders(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> d
     forced: dict[GroupKey, tuple[int, int] | None] = dict.fromkeys(work, None)
     total = sum(3 * len(v) for v in work.values())
     done = 0
+    executor = plan.executor
+    active = {g: None for g in work if g[1] == 0}  # groups that may have work; others wait for a push
     while done < total:
         finished: list[tuple[int, int, int, int]] = []
-        for g in work:
-            rq = ready[g]
-            room = [x for x in rq[F] if live.get((g, x[1]), 0) < limits[g]]
-            kind = W if forced[g] else next((k for k in preference if (room if k == F else rq[k])), None)
-            if kind is None:
-                continue
-            key = forced[g] or min(room if kind == F else rq[kind])
-            forced[g] = None
-            rq[kind].remove(key)
-            orders[g].append((kind, key[1], key[0]))
-            live[(g, key[1])] = live.get((g, key[1]), 0) + (1 if kind == F else (-1 if kind == W else 0))
+        for g in list(active):
+            key = forced[g]
+            kind = W if key else None
+            if key is None:
+                room = None
+                for src, h in ready_f[g].items():
+                    if h and (room is None or (h[0], src) < room) and live.get((g, src), 0) < limits[g]:
+                        room = (h[0], src)
+                for k in preference:
+                    key = room if k == F else (ready_bw[g][k - 1][0] if ready_bw[g][k - 1] else None)
+                    if key is not None:
+                        kind = k
+                        break
+                if kind is None:
+                    del active[g]
+                    continue
+                if kind == F:
+                    heapq.heappop(ready_f[g][key[1]])
+                else:
+                    heapq.heappop(ready_bw[g][kind - 1])
+            else:
+                forced[g] = None
+                ready_bw[g][W - 1].remove(key)
+                heapq.heapify(ready_bw[g][W - 1])
+            j, src = key
+            orders[g].append((kind, src, j))
+            live[(g, src)] = live.get((g, src), 0) + (1 if kind == F else (-1 if kind == W else 0))
             if kind == B and plan.schedule == "1f1b":
                 forced[g] = key
-            finished.append((kind, key[1], key[0], g[1]))
+            finished.append((kind, src, j, g[1]))
         assert finished, "list scheduling stalled: no group could start a chunk"
         done += len(finished)
         for kind, src, j, i in finished:
-            here = (plan.executor(src, j, i), i)
+            here = (executor(src, j, i), i)
             if kind == F:
                 if i < last[src]:
-                    ready[(plan.executor(src, j, i + 1), i + 1)][F].append((j, src))
-                if i == last[src]:
-                    ready[here][B].append((j, src))
+                    nxt = (executor(src, j, i + 1), i + 1)
+                    heapq.heappush(ready_f[nxt].setdefault(src, []), j)
+                    active[nxt] = None
+                else:
+                    heapq.heappush(ready_bw[here][B - 1], (j, src))
             elif kind == B:
-                ready[here][W].append((j, src))
+                heapq.heappush(ready_bw[here][W - 1], (j, src))
             if kind == grad_kind and i > 0:
-                ready[(plan.executor(src, j, i - 1), i - 1)][B].append((j, src))
+                up = (executor(src, j, i - 1), i - 1)
+                heapq.heappush(ready_bw[up][B - 1], (j, src))
+                active[up] = None
     return orders
 
 
