@@ -1,4 +1,4 @@
-"""`resihp train [--config FILE] [--json OUT]`: train on local CPU workers (gloo).
+"""`resihp train [--config FILE] [--faults FILE] [--json OUT]`: train on local CPU workers (gloo).
 
 With no arguments: the embedded default, a tiny LLaMA on the Python standard-library corpus with
 8 workers at (TP 2, PP 2, DP 2), live progress on the terminal (architecture §5.5).
@@ -15,6 +15,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("train", help="train a tiny LLaMA on local CPU workers (gloo)")
     p.add_argument("--config", help="training config TOML ([model] [parallel] [workload] [optim] [run])")
     p.add_argument("--iterations", type=int, help="override run.iterations")
+    p.add_argument("--faults", help="faults TOML ([[faults]] stop/slow/link keyed by at_iter) to inject")
     p.add_argument("--json", dest="json_out", help="write per-iteration loss, time, samples, events")
     p.add_argument("--trace", help="write per-device, per-instruction timings as JSON lines")
     p.add_argument("--quiet", action="store_true", help="no live progress")
@@ -32,6 +33,8 @@ def run(args) -> int:
         config = replace(config, iterations=args.iterations)
     if args.trace:
         config = replace(config, trace=args.trace)
+    if args.faults:
+        config = replace(config, faults=args.faults)
     plan = config.plan()
     stages = "; ".join(
         f"r{d}s{i}: dev {list(st.devices)} layers {st.layers[0]}-{st.layers[1] - 1}"
@@ -40,7 +43,7 @@ def run(args) -> int:
     print(f"resihp train: {config.model} on {config.workers} CPU workers, tp {config.tp} pp {config.pp} "
           f"dp {config.dp}, {config.schedule}, {config.iterations} iterations")  # fmt: skip
     print(f"  plan: {stages}")
-    result = run_training(config, progress=not args.quiet)
+    result = run_training(config, progress=not args.quiet, detect_slow=config.faults is not None)
     s = result["summary"]
     rows = [[r["iter"], f"{r['loss']:.4f}", f"{r['time_s']:.3f}"] for r in result["iterations"]]
     every = max(1, len(rows) // 10)

@@ -24,6 +24,7 @@ TOML layout (every key optional; defaults = the embedded default job):
     workers = 8                  # local worker processes (one per device)
     timing = true                # per-instruction timings in the trace
     trace = "trace.jsonl"        # optional: also write the trace as JSON lines
+    faults = "faults.toml"       # optional: [[faults]] to inject (runtime/faults.py)
 
 A bad key or value raises ValueError naming `section.key`, the value and what is allowed; a plan
 that does not fit the model or the requested workers fails the same way, before any process starts.
@@ -56,6 +57,7 @@ SECTIONS: dict[str, dict[str, str]] = {
         "workers": "workers",
         "timing": "timing",
         "trace": "trace",
+        "faults": "faults",
     },
 }
 _WHERE = {fld: f"{sec}.{key}" for sec, keys in SECTIONS.items() for key, fld in keys.items()}
@@ -80,6 +82,7 @@ class TrainConfig:
     workers: int = 8
     timing: bool = True
     trace: str | None = None
+    faults: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "microbatches", "seq_len", "iterations", "workers"):
@@ -100,6 +103,8 @@ class TrainConfig:
             raise ValueError(f"run.timing = {self.timing!r}: must be true or false")
         if self.trace is not None and not isinstance(self.trace, str):
             raise ValueError(f"run.trace = {self.trace!r}: must be a file path")
+        if self.faults is not None and not isinstance(self.faults, str):
+            raise ValueError(f"run.faults = {self.faults!r}: must be a file path")
         for name in ("lr", "weight_decay"):
             if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int | float):
                 raise ValueError(f"{_WHERE[name]} = {getattr(self, name)!r}: must be a number")

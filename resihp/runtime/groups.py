@@ -115,11 +115,19 @@ class Groups:
         self.segments = []
 
 
-def build_groups(plan: Plan, device: int) -> Groups:
-    """All groups of `device` under `plan`; must be called by every rank of the world together."""
-    ranks = device_ranks(plan)
+def build_groups(plan: Plan, device: int, ranks: dict[int, int] | None = None) -> Groups:
+    """All groups of `device` under `plan`; must be called by every rank of the world together.
+
+    `ranks` (default `device_ranks(plan)`): device -> global rank when the world also holds devices
+    outside the plan (standby workers of the elastic runtime); such a device creates every group
+    with the others and gets a `Groups` with no stage (tp_rank -1).
+    """
+    ranks = device_ranks(plan) if ranks is None else ranks
     where = plan.stage_of(device)
-    assert where is not None, f"device {device} is not in the plan"
+    if where is None:
+        for devs in _group_device_sets(plan):
+            dist.new_group([ranks[x] for x in devs])
+        return Groups(plan=plan, device=device, ranks=ranks, tp_group=None, tp_rank=-1)
     d, i = where
     stage = plan.replicas[d][i]
     made: dict[tuple[int, ...], object] = {}

@@ -22,6 +22,7 @@ from resihp.core.plan import Plan
 from resihp.model.loss import iteration_loss
 
 from .config import TrainConfig, check_fits
+from .faults import load_faults, validate_faults
 from .launch import JobSpec, launch
 
 TRACE_VERSION = 1
@@ -92,18 +93,33 @@ def run_training(
     *,
     progress: bool = True,
     return_state: bool = False,
+    replans: list[tuple[int, Plan]] | tuple = (),
+    detect_slow: bool = False,
+    policy: str | None = "resihp",
 ) -> dict:
     """Train `config` (default: the embedded job) under `plan` (default: `config.plan()`).
 
     An explicit `plan` overrides the config's model, tp/pp/dp, schedule and micro-batch counts.
     With `return_state`, the result also carries `"state"`: replica -> full state dict (tensors;
-    not JSON) gathered from the workers' shards at the end.
+    not JSON) gathered from the workers' shards at the end (under the final plan).
+
+    With `config.faults` (a faults TOML) or `replans` ([(iteration, Plan)]: planned replans at
+    iteration boundaries) the job runs on the elastic runtime (`controller.launch_elastic`):
+    faults are injected, fail-stops recovered without restart, and `events` filled in;
+    `detect_slow` also detects slow devices from live timings and re-splits their TP stage;
+    `policy` is the scheduler policy that replans after a fail-stop (None: `reconfig.shrink_plan`).
     """
     config = config or TrainConfig()
     if plan is None:
         plan = config.plan()
     else:
         check_fits(plan, config.workers)
+    faults = load_faults(config.faults) if config.faults else ()
+    faults = validate_faults(faults, plan.devices())
+    for _, p in replans:
+        check_fits(p, config.workers)
+        if not set(p.devices()) | set(p.standby) <= set(plan.devices()) | set(plan.standby):
+            raise ValueError(f"a replan uses devices outside the initial plan: {p.devices()}")
     workload = config.workload()
     job = JobSpec(
         spec=plan.model,
@@ -116,16 +132,37 @@ def run_training(
         p2p=config.p2p,
     )
     rows: list[dict] = []
+    events: list[dict] = []
     bar = Progress(config.iterations, enabled=progress)
     t_start = time.perf_counter()
 
-    def on_iteration(it: int, records: list[dict]) -> None:
-        row = iteration_row(plan, workload.seq_len, it, records)
+    def on_iteration(it: int, records: list[dict], current: Plan = plan) -> None:
+        row = iteration_row(current, workload.seq_len, it, records)
         rows.append(row)
         bar.update(row, row["samples"] / max(row["time_s"], 1e-9))
 
     try:
-        out = launch(plan, job, on_iteration)
+        if faults or replans or detect_slow:
+            from .controller import launch_elastic
+
+            def on_commit(it: int, current: Plan, payloads: list[dict]) -> None:
+                on_iteration(it, payloads, current)
+
+            out = launch_elastic(
+                plan,
+                job,
+                faults=faults,
+                replans=replans,
+                on_commit=on_commit,
+                detect_slow=detect_slow,
+                policy=policy,
+            )
+            for f in faults:
+                events.append({"iter": f.at_iter, "kind": f"inject-{f.kind}", "devices": list(f.devices)})
+            events.extend(out["events"])
+            events.sort(key=lambda e: e["iter"])
+        else:
+            out = launch(plan, job, on_iteration)
     finally:
         bar.close()
     elapsed = time.perf_counter() - t_start
@@ -145,7 +182,7 @@ def run_training(
         "seed": config.seed,
         "plan": plan.to_dict(),
         "iterations": rows,
-        "events": [],
+        "events": events,
         "summary": {
             "wall_s": elapsed,
             "first_loss": rows[0]["loss"],
@@ -157,6 +194,8 @@ def run_training(
         "trace": trace,
     }
     result["worker_pids"] = out["pids"]
+    if "plans" in out:
+        result["plans"] = [p.to_dict() for p in out["plans"]]
     if return_state:
         result["state"] = out["state"]
     return result

@@ -55,19 +55,33 @@ def _tag(src: int, mb: int, what: str) -> int:
 class Worker:
     """Executes `compile_plan(plan).instructions(device)` once per iteration."""
 
-    def __init__(self, plan: Plan, device: int, groups: Groups, job) -> None:
+    def __init__(self, plan: Plan, device: int, groups: Groups, job, init=None) -> None:
+        """`init` (a `transfer.StageInit`): start from transferred full tensors instead of the seed."""
         self.plan, self.device, self.groups, self.job = plan, device, groups, job
         self.spec, self.workload = job.spec, job.workload
         self.instrs = compile_plan(plan).instructions(device)
         self.replica, self.stage_index = plan.stage_of(device)
         st = plan.replicas[self.replica][self.stage_index]
         self.stage = st
-        self.model = build_stage(
-            self.spec, st.layers, st.tp_split, st.ffn_split, groups.tp_rank, seed=job.seed
-        )
+        source = {"seed": job.seed} if init is None else {"state": init.params}
+        self.model = build_stage(self.spec, st.layers, st.tp_split, st.ffn_split, groups.tp_rank, **source)
         self.named = dict(self.model.named_parameters())
         self.params = list(self.named.values())
         self.opt = build_optimizer(self.named.items(), job.optim)
+        if init is not None and init.moments is not None:
+            for n, p in self.named.items():
+                self.opt.state[p] = {
+                    "step": torch.tensor(float(init.steps)),
+                    **{
+                        k: slice_tensor(self.spec, n, full[n], st.tp_split, st.ffn_split, groups.tp_rank)
+                        for k, full in zip(("exp_avg", "exp_avg_sq"), init.moments)
+                    },
+                }
+        # Hooks of the elastic runtime (runtime/member.py), inert by default: `before_step(it, losses,
+        # wall_s)` runs at STEP before the optimizer (the commit point; raises to abort), `slow` is
+        # the injected speed factor p of compute, `link` maps a peer device to a P2P factor f.
+        self.before_step = None
+        self.slow, self.link = 1.0, {}
         self.clock = CommClock(job.timing)
         self.enter, self.reduce = tp_callables(groups.tp_group, self.clock)
         self.split_bw = plan.schedule == "zbh1"
@@ -95,10 +109,14 @@ class Worker:
         records = []
         self.clock.comm_s = 0.0
         t_start, cpu_start = time.perf_counter(), time.process_time()
+        self._t_start = t_start
         for ins in self.instrs:
-            if timing:
+            if timing or self.slow < 1.0:
                 t0, c0 = time.perf_counter(), self.clock.comm_s
             getattr(self, "_" + ins.op)(ins)
+            if self.slow < 1.0 and ins.op in ("F", "B", "W"):  # injected slowdown: t -> t / p
+                t = time.perf_counter() - t0 - (self.clock.comm_s - c0)
+                time.sleep(max(t, 0.0) * (1.0 / self.slow - 1.0))
             if timing:
                 wall, comm = time.perf_counter() - t0, self.clock.comm_s - c0
                 records.append([ins.op, ins.src, ins.mb, round(wall - comm, 7), round(comm, 7)])
@@ -179,7 +197,11 @@ class Worker:
         with self.clock.comm():
             if rank < n:
                 src = self.groups.rank_of(*ins.peer, rank)
+                t0 = time.perf_counter()
                 dist.recv(chunks[rank], src=src, tag=_tag(ins.src, ins.mb, ins.what))
+                f = self.link.get(self.plan.replicas[ins.peer[0]][ins.peer[1]].devices[rank])
+                if f is not None:  # injected slow link: the transfer takes 1/f as long
+                    time.sleep((time.perf_counter() - t0) * (1.0 / f - 1.0))
             if self.groups.tp_group is not None:
                 for r in range(n):
                     dist.broadcast(
@@ -267,6 +289,8 @@ class Worker:
             self.named[n].grad = slice_tensor(self.spec, n, full, st.tp_split, st.ffn_split, rank)
 
     def _STEP(self, ins: Instr) -> None:
+        if self.before_step is not None:
+            self.before_step(self.it, self.losses, time.perf_counter() - self._t_start)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
 

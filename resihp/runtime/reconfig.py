@@ -1,0 +1,112 @@
+"""The controller's replanning after a fail-stop, a fail-slow and a re-join (torch-free).
+
+`replan_after_stop` asks the scheduler policy (`resihp.sched.POLICIES`) and falls back to the
+explicit rule below.
+
+`shrink_plan(plan, dead)`: every stage that lost devices keeps its survivors as a smaller TP
+group (heads and FFN columns re-split evenly over them, the ResiHP move: no spare needed); a stage
+that lost every device takes its whole replica out of service — the replica's other devices go to
+standby and its micro-batches are re-spread over the surviving replicas, so the global batch
+(and with it the loss and gradient scale) never changes. State for the shrunk stages comes from a
+DP peer (`transfer.source_stages`). Plans with migration (`assignment`) keep it only when no
+replica is dropped.
+"""
+
+from __future__ import annotations
+
+from resihp.core.cluster import Cluster
+from resihp.core.plan import Plan, build_stage, even_split
+from resihp.core.report import FailureReport
+from resihp.core.scenario import Job
+from resihp.sched import POLICIES
+
+
+def shrink_plan(plan: Plan, dead: set[int] | list[int], generation: int) -> Plan:
+    """The plan over the survivors of `dead` as generation `generation`; ValueError if none fits."""
+    dead = set(dead)
+    replicas, kept, standby = [], [], set(plan.standby) - dead
+    for d, stages in enumerate(plan.replicas):
+        if any(st.devices and set(st.devices) <= dead for st in stages):
+            standby |= {dev for st in stages for dev in st.devices} - dead
+            continue
+        new = []
+        for st in stages:
+            alive = [dev for dev in st.devices if dev not in dead]
+            new.append(st if len(alive) == len(st.devices) else build_stage(plan.model, alive, st.layers))
+        replicas.append(tuple(new))
+        kept.append(d)
+    if not replicas:
+        raise ValueError(f"devices {sorted(dead)} took out every replica: nothing left to train on")
+    if len(kept) == len(plan.replicas):
+        microbatches, assignment = plan.microbatches, plan.assignment
+    else:
+        if plan.assignment:
+            raise ValueError("a replica with migrated micro-batches was lost: not supported yet")
+        microbatches = even_split(plan.global_microbatches, len(kept))
+        assignment = ()
+    return Plan(
+        plan.model,
+        tuple(replicas),
+        microbatches,
+        plan.schedule,
+        assignment,
+        tuple(sorted(standby)),
+        generation,
+    )
+
+
+def rebalance_slow(plan: Plan, device: int, speed: float, generation: int) -> Plan | None:
+    """The plan with `device`'s stage re-split in proportion to speeds (the slow member gets fewer
+    heads and FFN columns: ResiHP's uneven TP); None when the stage has no TP peer to shift work to
+    (micro-batch migration, the scheduler's other move, is not wired into the runtime yet)."""
+    where = plan.stage_of(device)
+    if where is None:
+        return None
+    d, i = where
+    st = plan.replicas[d][i]
+    if st.tp < 2:
+        return None
+    speeds = [speed if dev == device else 1.0 for dev in st.devices]
+    new = build_stage(plan.model, st.devices, st.layers, speeds)
+    if (new.tp_split, new.ffn_split) == (st.tp_split, st.ffn_split):
+        return None
+    stages = tuple(new if k == i else s for k, s in enumerate(plan.replicas[d]))
+    replicas = tuple(stages if k == d else r for k, r in enumerate(plan.replicas))
+    return plan.with_changes(replicas=replicas, generation=generation)
+
+
+def grow_plan(initial: Plan, current: Plan, alive: set[int], generation: int) -> Plan:
+    """After a re-join: the initial plan's layout once all its devices are alive again, otherwise the
+    current plan with the newcomers on standby (state follows either way, `transfer`)."""
+    base = initial if set(initial.devices()) <= alive else current
+    return base.with_changes(generation=generation, standby=tuple(sorted(alive - set(base.devices()))))
+
+
+def replan_after_stop(
+    initial: Plan, current: Plan, members: set[int], generation: int, workload, policy: str | None
+) -> tuple[Plan, str]:
+    """(plan of `generation` over the live `members`, why): the scheduler policy's plan (architecture
+    §1: the Scheduler decides, the runtime executes), or `shrink_plan` when `policy` is None or the
+    policy aborts or returns a plan the runtime cannot take (a dead device, another global batch)."""
+    dead = set(current.devices()) - members
+    if policy is not None:
+        n = max(members | set(initial.devices()) | set(current.devices())) + 1
+        cluster = Cluster(1, n, "cpu", alive=tuple(d in members for d in range(n)))
+        first = initial.replicas[0]
+        tp = max(st.tp for st in first)
+        job = Job(initial.model, cluster, workload, tp, len(first), initial.dp, initial.schedule)
+        decision = POLICIES[policy]().adapt(
+            job, current, cluster, [FailureReport("fail-stop", tuple(sorted(dead)))]
+        )
+        new = decision.plan
+        if (
+            new is not None
+            and set(new.devices()) <= members
+            and new.global_microbatches == current.global_microbatches
+        ):
+            standby = tuple(sorted(members - set(new.devices())))
+            return new.with_changes(generation=generation, standby=standby), decision.reason
+        reason = f"{policy} gave no usable plan ({decision.reason}); "
+    else:
+        reason = ""
+    return shrink_plan(current, dead, generation), reason + "shrink: survivors keep their stages"

@@ -1,0 +1,44 @@
+"""The controller's replanning rules and the transfer plan, without processes."""
+
+import pytest
+
+from resihp.core.model_spec import ModelSpec
+from resihp.core.plan import Plan
+from resihp.runtime.reconfig import rebalance_slow, shrink_plan
+from resihp.runtime.transfer import source_stages
+
+SPEC = ModelSpec("t", 4, 32, 8, 2, 48, 256)
+PLAN = Plan.uniform(SPEC, 2, 2, 2, 2)  # replica 0: (0,1) (2,3); replica 1: (4,5) (6,7)
+
+
+def test_shrink_plan_keeps_tp_survivors_or_drops_the_replica():
+    """A lost TP member shrinks its stage; a lost stage drops its replica, keeps the global batch."""
+    p = shrink_plan(PLAN, {5}, 1)
+    assert p.generation == 1 and p.replicas[1][0].devices == (4,) and p.replicas[1][0].tp_split == (8,)
+    assert p.replicas[0] == PLAN.replicas[0] and p.microbatches == (2, 2)
+    p = shrink_plan(PLAN, {6, 7}, 1)
+    assert p.dp == 1 and p.microbatches == (4,) and p.standby == (4, 5)
+    p = shrink_plan(PLAN, {1, 6, 7}, 2)
+    assert p.dp == 1 and p.replicas[0][0].devices == (0,) and p.global_microbatches == 4
+    with pytest.raises(ValueError, match="every replica"):
+        shrink_plan(PLAN, {0, 1, 6, 7}, 1)
+
+
+def test_source_stages_prefer_a_complete_live_copy():
+    """Every tensor comes from a stage whose devices all live: a DP peer's when a TP member died."""
+    src = source_stages(PLAN, set(range(8)) - {5})
+    assert src["embed.weight"].devices == (0, 1) and src["layers.1.attn.wq"].devices == (0, 1)
+    src = source_stages(PLAN, set(range(8)) - {1})
+    assert src["layers.0.attn.wq"].devices == (4, 5) and src["lm_head.weight"].devices == (2, 3)
+    with pytest.raises(ValueError, match="no live copy of layers.2"):
+        source_stages(PLAN, set(range(8)) - {2, 7})
+
+
+def test_rebalance_slow_shifts_heads_off_the_slow_member():
+    """The slow member of a TP stage gets fewer heads and FFN columns; a TP-1 stage cannot rebalance."""
+    p = rebalance_slow(PLAN, 1, 0.25, 1)
+    st = p.replicas[0][0]
+    assert p.generation == 1 and st.devices == (0, 1)
+    assert st.tp_split[1] < st.tp_split[0] and st.ffn_split[1] < st.ffn_split[0]
+    assert rebalance_slow(shrink_plan(PLAN, {5}, 1), 4, 0.25, 2) is None
+    assert rebalance_slow(PLAN, 3, 0.99, 1) is None  # too mild to move a head
