@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from resihp.core.scenario import load_scenario
+from resihp.sim.job import fault_free_samples_per_s, plan_at
 from resihp.sim.pipeline import write_trace
 from resihp.sim.predict import predict
+from resihp.sim.timing import PlanTimer
 
 from .common import check_policy, gib, table, write_json
 
@@ -27,7 +29,6 @@ def plan_state(scenario, policy: str | None, at_s: float | None):
     if at_s is None:
         return job.initial_plan(), job.cluster
     check_policy(policy)
-    from resihp.sim.job import plan_at
 
     return plan_at(scenario, policy, at_s)
 
@@ -39,9 +40,14 @@ def run(args) -> int:
     if plan is None:
         print(f"{args.policy}: the job has aborted by t = {args.at_s} s")
         return 1
+    hung = sorted(d for d in plan.devices() if not cluster.alive[d])
+    if hung:
+        print(f"{args.policy}: at t = {args.at_s} s the plan still uses dead device(s) {hung} "
+              "(not yet detected): the job waits")  # fmt: skip
+        return 1
     pred = predict(job, plan, cluster)
-    base = predict(job, job.initial_plan(), job.cluster)
-    bound = base.samples_per_s * cluster.capacity() / cluster.num_devices
+    x0 = fault_free_samples_per_s(job, PlanTimer(job, job.workload.seed))  # as `resihp simulate`
+    bound = x0 * cluster.capacity() / cluster.num_devices
     rows = []
     for d, stages in enumerate(plan.replicas):
         for i, st in enumerate(stages):

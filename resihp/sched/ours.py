@@ -15,6 +15,10 @@ Candidates (all from the job's initial positions, so re-joins restore the unifor
     the resulting per-stage makespans (the common split lets any replica run any stage's work);
     on large jobs only when some stage is hollow.
 
+While a slow link is known, every candidate also comes relinked (ranks re-mapped so no transfer
+uses the slow pair) and re-weighted (micro-batches per replica by rate), PP transfers take the CPU
+path, and every candidate gets the full ITP pass (the proxy does not see links); see links.py.
+
 Candidates are ranked by a cheap proxy and costed by the full ITP in that order (choose_plan).
 """
 
@@ -26,8 +30,9 @@ from resihp.core.plan import Plan
 
 from .base import Decision, Policy
 from .layout import assemble, cover_lost_stages, initial_plan, select_groups, standby_of
+from .links import link_candidates, link_options, link_time
 from .migrate import balance_stage, microbatch_costs, stage_bottleneck
-from .model import fits_memory, group_speed, head_layers, iteration_time, max_layers, proxy_time
+from .model import fits_memory, group_speed, head_layers, max_layers, proxy_time
 from .paper import ResiHPPaper
 from .partition import minmax_partition
 from .reconfig import reconfig_cost
@@ -111,7 +116,7 @@ class ResiHP(Policy):
                 out.append(("balance", self._balanced(job, chosen, standby, v, caps, cluster)))
             except ValueError:
                 pass
-        return out
+        return link_candidates(job, out, cluster, self.evaluator, lean=self._large(job))
 
     def _balanced(self, job, chosen, standby, v, caps, cluster) -> Plan:
         dp, pp, L = job.dp, job.pp, job.model.num_layers
@@ -166,16 +171,23 @@ class ResiHP(Policy):
         if self.dag_top <= 0:
             _, label, cand, rc = ranked[0]
             return label, cand, proxy_time(job, cand, cluster), rc
+        top = self.dag_top
+        if cluster.links and not self._large(job):  # the proxy is blind to links: cost every variant
+            top = len(ranked)
         best = None
         for k, (bound, label, cand, rc) in enumerate(ranked):
-            pruned = best is not None and (k >= self.dag_top or bound <= best[0])
+            pruned = best is not None and (k >= top or bound <= best[0])
             if pruned and label != "paper":  # the paper's plan is always costed: never worse
                 continue
-            it = iteration_time(job, cand, cluster, self.evaluator)
+            it = link_time(job, cand, cluster, self.evaluator)
             score = self._score(it, rc.pause_s)
             if best is None or score > best[0]:
                 best = (score, label, cand, it, rc)
         return best[1], best[2], best[3], best[4]
+
+    def cost_options(self, view) -> dict:
+        """PP transfers over the CPU path while a slow link is known (links.py)."""
+        return link_options(view)
 
     def adapt(self, job, plan, cluster, reports) -> Decision:
         try:

@@ -5,6 +5,11 @@
 2. Every replica of a stage lost: rebuild the stage from the snapshot on standbys (layout.py).
 3. PP: one speed-proportional split for all replicas (stage speed = slowest replica's group).
 4. DP: Algorithm 1 in the progress simulation (only when replicas of some stage differ).
+
+`components` switches the three steps for the Fig. 11 ablation (paper.md §7.4): without "DE" a
+group that lost a member is dropped whole (its work evicted to peers, as ReCycle does) and slow
+members stay in; without "LR" every replica keeps the job's initial layer split; without "WM" only
+Algorithm 1's fail-stop eviction runs (work of a dropped group must go somewhere), no balancing.
 """
 
 from __future__ import annotations
@@ -48,15 +53,23 @@ def migration_inputs(job, plan, cluster, speeds):
     return scale, microbatch_costs(job, plan), mem_ok
 
 
+COMPONENTS = ("DE", "LR", "WM")  # device exclusion (TP), layer repartition (PP), migration (DP)
+
+
 class ResiHPPaper(Policy):
-    """The paper's scheduler; `delta` is Algorithm 1's threshold, `prefer_larger` eq. 4's tie rule."""
+    """The paper's scheduler; `delta` is Algorithm 1's threshold, `prefer_larger` eq. 4's tie rule,
+    `components` the steps switched on (a subset of COMPONENTS; the Fig. 11 ablation)."""
 
     name = "resihp-paper"
 
     def __init__(
         self, delta: int = 1, prefer_larger: bool = True, planning_s: float = PAPER_PLANNING_S,
-        evaluator: str = "auto",
+        evaluator: str = "auto", components=COMPONENTS,
     ) -> None:  # fmt: skip
+        unknown = set(components) - set(COMPONENTS)
+        if unknown or not components:
+            raise ValueError(f"components = {components!r}: a non-empty subset of {COMPONENTS}")
+        self.components = tuple(c for c in COMPONENTS if c in components)  # name kept: same alarms
         self.delta = delta
         self.prefer_larger = prefer_larger
         self.planning_s = planning_s
@@ -70,6 +83,11 @@ class ResiHPPaper(Policy):
         def choose(pos, live):
             d, i = pos
             layers = plan0.replicas[d][i].layers
+            if "DE" not in self.components:
+                if len(live) < len(plan0.replicas[d][i].devices):
+                    return Stage((), layers), 0.0
+                st = build_stage(job.model, live, layers)
+                return st, group_speed(job.model, st, cluster.speed)
             k_min = memory.k_min(
                 job.model, layers[1] - layers[0], i == 0, i == pp - 1, job.workload.seq_len,
                 n_live(job.schedule, m, i, pp), hw, plan0.dp, max_tp=job.tp,
@@ -96,14 +114,19 @@ class ResiHPPaper(Policy):
             min(max_layers(job, chosen[(d, i)][0], i, pp, job.workload.num_microbatches, dp) for d in live[i])
             for i in range(pp)
         ]
-        counts = repartition_paper(job.model.num_layers, speeds, caps)
+        if "LR" in self.components:
+            counts = repartition_paper(job.model.num_layers, speeds, caps)
+        else:
+            counts = tuple(st.num_layers for st in initial_plan(job).replicas[0])
         draft = assemble(job, chosen, [counts] * dp, standby_of(pool))
         group_speeds = {g: c[1] for g, c in chosen.items()}
         uneven = any(len({round(group_speeds[(d, i)], 9) for d in range(dp)}) > 1 for i in range(pp))
-        if not uneven:
+        balance = "WM" in self.components
+        if not (uneven if balance else draft.hollow):
             return draft.to_plan()
         scale, costs, mem_ok = migration_inputs(job, draft, cluster, group_speeds)
-        return draft.to_plan(progress_migrate(draft, scale, costs, mem_ok, self.delta))
+        delta = self.delta if balance else math.inf  # no WM: fail-stop eviction only
+        return draft.to_plan(progress_migrate(draft, scale, costs, mem_ok, delta))
 
     def adapt(self, job, plan, cluster, reports) -> Decision:
         try:

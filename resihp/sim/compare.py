@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from resihp.core.scenario import Scenario
 
-from .job import PolicyRun, scenario_faults, simulate, with_seed
+from .job import PolicyRun, fault_free_samples_per_s, scenario_faults, simulate, with_seed
 from .timing import PlanTimer
 
 NOT_BUILT = "not built yet"
@@ -38,7 +38,7 @@ def simulate_scenario(scenario: Scenario, policy_names, seed: int | None = None)
     out = {
         "scenario": scenario.name,
         "seed": seed,
-        "fault_free_samples_per_s": round(job.initial_plan().global_microbatches / t0, 6),
+        "fault_free_samples_per_s": round(fault_free_samples_per_s(job, timer), 6),
         "policies": {},
     }
     for name in policy_names:

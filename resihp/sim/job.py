@@ -12,7 +12,10 @@ policy replans) and after an abort. Semantics:
 - false alarms arrive as a seeded Poisson count uniformly over the run, each a pause;
 - a policy with `escalations(job, plan, view) -> [Decision]` (Greyhound's ladder) climbs one rung
   by ski rental: once the throughput lost by not escalating equals what the rung's pause costs;
-- runs given in iterations last `iterations · t0` seconds (t0 = fault-free iteration time).
+- runs given in iterations last `iterations · t0` seconds (t0 = the uniform plan's iteration time);
+- the capacity bound is X0 · Σ live speed / N, X0 = `fault_free_samples_per_s`: the best healthy
+  plan any built planner finds (the uniform plan or `resihp`'s own healthy plan, with or without
+  the CPU-path option), so no policy can beat it by finding a better layout than the uniform one.
 
 Same scenario, policy and seed give byte-identical `to_dict()` JSON.
 """
@@ -58,6 +61,26 @@ def horizon_s(scenario: Scenario, t0: float) -> float:
     return float(scenario.duration_s) if scenario.duration_s is not None else scenario.iterations * t0
 
 
+def fault_free_samples_per_s(job, timer: PlanTimer) -> float:
+    """X0 of the capacity bound (architecture §5.2): the fastest healthy plan any built planner
+    finds: the job's uniform plan or `resihp`'s plan for the whole cluster (reconfiguration cost
+    ignored), timed with and without the CPU-path cost option. Cached on the timer."""
+    x0 = getattr(timer, "fault_free_samples_per_s", None)
+    if x0 is None:
+        from resihp.sched.ours import ResiHP
+
+        plans = [job.initial_plan()]
+        try:
+            plans.append(ResiHP(horizon_s=math.inf).choose_plan(job, plans[0], job.cluster)[1])
+        except ValueError:
+            pass
+        x0 = max(
+            timer.samples_per_s(p, job.cluster, opts) for p in plans for opts in ({}, {"send_blocks": False})
+        )
+        timer.fault_free_samples_per_s = x0
+    return x0
+
+
 def scenario_faults(scenario: Scenario, timer: PlanTimer, seed: int, t0: float):
     if scenario.generator:
         return generate(scenario.job, scenario.generator, horizon_s(scenario, t0), timer, seed)
@@ -99,7 +122,7 @@ class _Run:
         self.det = detector_for(policy, job)
         self.plan = policy.initial_plan(job, job.cluster)
         self.t0 = timer.iteration_s(job.initial_plan(), job.cluster)
-        self.x0 = job.initial_plan().global_microbatches / self.t0
+        self.x0 = fault_free_samples_per_s(job, timer)
         self.horizon = horizon_s(scenario, self.t0)
         self.true = self.view = job.cluster
         self.queue: list = []
@@ -220,9 +243,24 @@ class _Run:
         if version == self.version:  # nothing changed since the rung was priced
             self._apply(t, decision, "escalate", [])
 
+    def run_until(self, at_s: float) -> None:
+        """Handle every event at or before `at_s` (and before the horizon)."""
+        self._drain(0.0, lambda t_ev: t_ev <= at_s and t_ev < self.horizon)
+
     def run(self) -> PolicyRun:
-        t = 0.0
-        while self.queue and self.queue[0][0] < self.horizon:
+        t = self._drain(0.0, lambda t_ev: t_ev < self.horizon)
+        self.advance(self.horizon, t)
+        if self.aborted:
+            self._mark(self.abort_t, 0.0)
+        self.events.sort(key=lambda e: e["t_s"])
+        return PolicyRun(
+            self.policy.name, self.samples / self.horizon, self.cap / self.horizon,
+            self.aborted, self.abort_t, self.events, self.timeline,
+        )  # fmt: skip
+
+    def _drain(self, t: float, due) -> float:
+        """Integrate and handle queued events while `due(next event time)`; the last time reached."""
+        while self.queue and due(self.queue[0][0]):
             t_ev = self.queue[0][0]
             t = self.advance(t_ev, t)
             reports = []
@@ -241,14 +279,7 @@ class _Run:
                     self.events.append({"t_s": round(t_ev, 3), "kind": "false-alarm"})
             if reports and not self.aborted:
                 self.on_reports(t_ev, reports)
-        self.advance(self.horizon, t)
-        if self.aborted:
-            self._mark(self.abort_t, 0.0)
-        self.events.sort(key=lambda e: e["t_s"])
-        return PolicyRun(
-            self.policy.name, self.samples / self.horizon, self.cap / self.horizon,
-            self.aborted, self.abort_t, self.events, self.timeline,
-        )  # fmt: skip
+        return t
 
 
 def _poisson(rng: random.Random, mean: float) -> int:
@@ -277,3 +308,24 @@ def simulate(
     timer = timer or PlanTimer(scenario.job, seed)
     t0 = timer.iteration_s(scenario.job.initial_plan(), scenario.job.cluster)
     return _Run(scenario, policy, seed, timer, scenario_faults(scenario, timer, seed, t0)).run()
+
+
+def plan_at(scenario: Scenario, policy_name: str, at_s: float, seed: int | None = None):
+    """(plan, cluster) at `at_s` under `policy_name`: the plan the policy holds once every event at
+    or before `at_s` is handled (faults, detections, replans, escalations), None once it aborted,
+    and the true cluster then (a fault not yet detected is in the cluster, not yet in the plan).
+    """
+    from .compare import policy_registry
+
+    if at_s < 0:
+        raise ValueError(f"at_s = {at_s!r}: must be >= 0")
+    registry = policy_registry()
+    if policy_name not in registry:
+        raise ValueError(f"policy = {policy_name!r}: unknown; allowed: {', '.join(sorted(registry))}")
+    seed = scenario.job.workload.seed if seed is None else seed
+    scenario = with_seed(scenario, seed)
+    timer = PlanTimer(scenario.job, seed)
+    t0 = timer.iteration_s(scenario.job.initial_plan(), scenario.job.cluster)
+    run = _Run(scenario, registry[policy_name](), seed, timer, scenario_faults(scenario, timer, seed, t0))
+    run.run_until(at_s)
+    return (None if run.aborted else run.plan), run.true

@@ -1,0 +1,180 @@
+"""Link fail-slows for `resihp`: candidate transforms that act on known slow links.
+
+A link fail-slow degrades one device pair (`Cluster.links`); the cost model charges it to every
+transfer whose rank pairing uses that pair (PP activations, TP rings, DP gradient rings, see
+`resihp.cost.comm`). Three levers, all priced by the same ITP as every other candidate:
+
+- `relink`: re-map ranks inside the TP groups that touch a slow link (devices move together with
+  their head/FFN shares, so group speeds are unchanged) so that no PP pairing, TP ring or DP ring
+  uses the slow pair, when an order exists that avoids it; costs a group rebuild and the shards of
+  the re-ranked devices, moved over NVLink inside the node;
+- `reweight`: the global batch re-split over replicas in proportion to each replica's throughput
+  measured alone on the degraded cluster (the replica whose PP link is slow gets fewer micro-batches
+  and leaves the critical path); only for plans without migrated chunks;
+- the CPU path (`link_options`): while a slow link is known, PP transfers go through host memory
+  and CPU-side RDMA so a slow send does not block the sender's compute stream (the Executor
+  "optimizes the communication strategy"; the same switch Adaptra uses).
+"""
+
+from __future__ import annotations
+
+from resihp.core.plan import Plan, Stage, split_by_weight
+from resihp.sim.timing import pipeline_key
+
+from .model import iteration_time
+
+
+def link_options(view) -> dict:
+    """Cost-model options while a slow link is known: PP sends over the CPU path."""
+    return {"send_blocks": False} if view.links else {}
+
+
+def link_time(job, plan: Plan, cluster, evaluator: str = "auto") -> float:
+    """Predicted iteration seconds with `link_options` applied (plain ITP when no link is slow)."""
+    if not cluster.links or evaluator == "estimate":
+        return iteration_time(job, plan, cluster, evaluator)
+    from resihp.sim.predict import predict
+
+    return predict(job, plan, cluster, **link_options(cluster)).iteration_s
+
+
+def _slow(cluster) -> dict[tuple[int, int], float]:
+    out: dict = {}
+    for a, b, f in cluster.links:
+        if f < 1.0:
+            key = (min(a, b), max(a, b))
+            out[key] = min(out.get(key, 1.0), f)
+    return out
+
+
+def _hot(replicas, focus: set[int]):
+    """(groups holding a `focus` device, PP boundaries next to them, the groups of every DP ring
+    through them): the only transfers that can use a pair of focus devices. Re-ranking inside a
+    group changes none of these sets, so `relink` computes them once."""
+    groups = [
+        (d, i)
+        for d, stages in enumerate(replicas)
+        for i, st in enumerate(stages)
+        if not st.hollow and not focus.isdisjoint(st.devices)
+    ]
+    edges = set()
+    for d, i in groups:
+        live = [j for j, st in enumerate(replicas[d]) if not st.hollow]
+        k = live.index(i)
+        edges.update((d, a, b) for a, b in zip(live[max(0, k - 1) : k + 1], live[k : k + 2]))
+    layers = {replicas[d][i].layers for d, i in groups}
+    rings: dict = {}
+    for d, stages in enumerate(replicas):
+        for i, st in enumerate(stages):
+            if not st.hollow and st.layers in layers:
+                rings.setdefault(st.layers, []).append((d, i))
+    return groups, sorted(edges), [r for r in rings.values() if len(r) > 1]
+
+
+def _pairs(replicas, hot):
+    """The device pairs the `hot` transfers use (with multiplicity), as comm.py pairs ranks."""
+    groups, edges, rings = hot
+    for d, i in groups:
+        st = replicas[d][i]
+        t = st.tp
+        if t > 1:
+            yield from ((st.devices[k], st.devices[(k + 1) % t]) for k in range(t))
+    for d, i, j in edges:
+        a, b = replicas[d][i], replicas[d][j]
+        ts, tr = a.tp, b.tp
+        n = max(ts, tr)
+        yield from ((a.devices[c * ts // n], b.devices[c * tr // n]) for c in range(n))
+    for ring_pos in rings:
+        devs = [replicas[d][i].devices for d, i in ring_pos]
+        for k in range(max(len(g) for g in devs)):
+            ring = [g[k % len(g)] for g in devs]
+            yield from ((ring[r], ring[(r + 1) % len(ring)]) for r in range(len(ring)))
+
+
+def penalty(replicas, slow: dict, hot=None) -> float:
+    """Σ over the slow pairs a plan's `replicas` use of 1/factor (0: no transfer uses a slow link)."""
+    if hot is None:
+        hot = _hot(replicas, {x for pair in slow for x in pair})
+    return sum(
+        1.0 / slow[(min(a, b), max(a, b))] for a, b in _pairs(replicas, hot) if (min(a, b), max(a, b)) in slow
+    )
+
+
+def _swapped(st: Stage, p: int, q: int) -> Stage:
+    def sw(xs):
+        xs = list(xs)
+        xs[p], xs[q] = xs[q], xs[p]
+        return tuple(xs)
+
+    return Stage(sw(st.devices), st.layers, sw(st.tp_split), sw(st.ffn_split))
+
+
+def relink(plan: Plan, cluster, rounds: int = 8) -> Plan:
+    """`plan` with ranks re-mapped inside groups so that transfers avoid slow links where possible.
+
+    Greedy: the best single transposition (a slow link's endpoint with another member of its group)
+    while it lowers `penalty`; deterministic. Returns `plan` itself when nothing improves.
+    """
+    slow = _slow(cluster)
+    if not slow:
+        return plan
+    ends = {x for pair in slow for x in pair}
+    hot = _hot(plan.replicas, ends)
+    best, score = plan.replicas, penalty(plan.replicas, slow, hot)
+    for _ in range(rounds):
+        if score <= 0:
+            break
+        step = None
+        for d, i in hot[0]:
+            stages, st = best[d], best[d][i]
+            for p, q in ((p, q) for p, x in enumerate(st.devices) if x in ends for q in range(st.tp)):
+                if q == p:
+                    continue
+                cand = best[:d] + (stages[:i] + (_swapped(st, p, q),) + stages[i + 1 :],) + best[d + 1 :]
+                s = penalty(cand, slow, hot)
+                if s < score - 1e-12 and (step is None or s < step[0]):
+                    step = (s, cand)
+        if step is None:
+            break
+        score, best = step
+    return plan if best is plan.replicas else plan.with_changes(replicas=best)
+
+
+def reweight(job, plan: Plan, cluster, evaluator: str = "auto") -> Plan:
+    """The global batch over replicas in proportion to each replica's rate alone (>= 1 each)."""
+    if plan.assignment or plan.dp < 2 or any(st.hollow for r in plan.replicas for st in r):
+        return plan
+    m = job.workload.num_microbatches
+    rates, cache = [], {}
+    for stages in plan.replicas:
+        key = pipeline_key(stages, m, cluster)  # replicas alike in structure share one pass
+        if key not in cache:
+            alone = Plan(job.model, (stages,), (m,), plan.schedule)
+            cache[key] = m / link_time(job, alone, cluster, evaluator)
+        rates.append(cache[key])
+    if max(rates) <= min(rates) * 1.001:
+        return plan
+    return plan.with_changes(microbatches=split_by_weight(plan.global_microbatches, rates, 1))
+
+
+def link_candidates(job, cands: list[tuple[str, Plan]], cluster, evaluator: str = "auto", lean: bool = False):
+    """Candidates plus their relinked and re-weighted variants (only while a slow link is known).
+
+    `lean` (large jobs): each candidate but "keep" is replaced by its relinked variant, and no
+    re-weighted variants, so the ITP passes stay as many as without links.
+    """
+    if not _slow(cluster):
+        return cands
+    out, seen = [], set()
+    for label, cand in cands:
+        rl = relink(cand, cluster)
+        variants = [(label, cand)] if label == "keep" or rl is cand or not lean else []
+        variants.append((f"{label}+relink", rl))
+        if not lean:
+            variants.append((f"{label}+reweight", reweight(job, rl, cluster, evaluator)))
+        for name, var in variants:
+            key = (var.replicas, var.microbatches, var.assignment)
+            if key not in seen:
+                seen.add(key)
+                out.append((name, var))
+    return out
