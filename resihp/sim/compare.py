@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from resihp.core.scenario import Scenario
 
-from .job import PolicyRun, fault_free_samples_per_s, scenario_faults, simulate, with_seed
+from .job import PolicyRun, fault_free_samples_per_s, horizon_s, scenario_faults, simulate, with_seed
 from .timing import PlanTimer
 
 NOT_BUILT = "not built yet"
@@ -22,7 +22,7 @@ def policy_registry() -> dict:
 
 
 def simulate_scenario(scenario: Scenario, policy_names, seed: int | None = None) -> dict:
-    """`{"scenario", "seed", "fault_free_samples_per_s", "faults", "policies": {name: run}}`.
+    """`{"scenario", "seed", "duration_s", "fault_free_samples_per_s", "policies": {name: run}}`.
 
     A name that is not registered gets `{"status": "not built yet"}`; unknown-looking names are
     treated the same way so a comparison never stubs a missing policy.
@@ -38,6 +38,7 @@ def simulate_scenario(scenario: Scenario, policy_names, seed: int | None = None)
     out = {
         "scenario": scenario.name,
         "seed": seed,
+        "duration_s": round(horizon_s(fixed, t0), 3),
         "fault_free_samples_per_s": round(fault_free_samples_per_s(job, timer), 6),
         "policies": {},
     }

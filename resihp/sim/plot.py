@@ -22,14 +22,16 @@ def plot_timeline(runs: dict, path: str, title: str | None = None) -> None:
     if not policies:
         raise ValueError("plot_timeline: no policy with a timeline to draw")
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    end = 0.0
+    end_h = runs.get("duration_s", 0.0) / 3600
     for name, run in policies.items():
         pts = run["timeline"]
         if not pts:
             continue
         xs = [t / 3600 for t, _ in pts]
         ys = [x for _, x in pts]
-        end = max(end, xs[-1])
+        if end_h > xs[-1]:  # the last rate holds until the run ends
+            xs.append(end_h)
+            ys.append(ys[-1])
         label = f"{name} ({run['samples_per_s']:.2f}{', aborted' if run['aborted'] else ''})"
         ax.step(xs + [None], ys + [None], where="post", label=label, linewidth=1.2)
     first = next(iter(policies.values()))
