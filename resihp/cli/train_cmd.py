@@ -1,4 +1,4 @@
-"""`resihp train [--config FILE] [--faults FILE] [--json OUT]`: train on local CPU workers (gloo).
+"""`resihp train [--config FILE] [--faults FILE] [--resume DIR] [--json OUT]`: train on CPU workers.
 
 With no arguments: the embedded default, a tiny LLaMA on the Python standard-library corpus with
 8 workers at (TP 2, PP 2, DP 2), live progress on the terminal (architecture §5.5).
@@ -16,6 +16,9 @@ def add_parser(sub) -> None:
     p.add_argument("--config", help="training config TOML ([model] [parallel] [workload] [optim] [run])")
     p.add_argument("--iterations", type=int, help="override run.iterations")
     p.add_argument("--faults", help="faults TOML ([[faults]] stop/slow/link keyed by at_iter) to inject")
+    p.add_argument("--checkpoint-every", type=int, help="override run.checkpoint_every (0: off)")
+    p.add_argument("--checkpoint-dir", help="override run.checkpoint_dir")
+    p.add_argument("--resume", metavar="DIR", help="restart the job from a checkpoint (DIR or DIR/latest)")
     p.add_argument("--json", dest="json_out", help="write per-iteration loss, time, samples, events")
     p.add_argument("--trace", help="write per-device, per-instruction timings as JSON lines")
     p.add_argument("--quiet", action="store_true", help="no live progress")
@@ -35,6 +38,10 @@ def run(args) -> int:
         config = replace(config, trace=args.trace)
     if args.faults:
         config = replace(config, faults=args.faults)
+    if args.checkpoint_dir:
+        config = replace(config, checkpoint_dir=args.checkpoint_dir)
+    if args.checkpoint_every is not None:
+        config = replace(config, checkpoint_every=args.checkpoint_every)
     plan = config.plan()
     stages = "; ".join(
         f"r{d}s{i}: dev {list(st.devices)} layers {st.layers[0]}-{st.layers[1] - 1}"
@@ -43,7 +50,9 @@ def run(args) -> int:
     print(f"resihp train: {config.model} on {config.workers} CPU workers, tp {config.tp} pp {config.pp} "
           f"dp {config.dp}, {config.schedule}, {config.iterations} iterations")  # fmt: skip
     print(f"  plan: {stages}")
-    result = run_training(config, progress=not args.quiet, detect_slow=config.faults is not None)
+    result = run_training(
+        config, progress=not args.quiet, detect_slow=config.faults is not None, resume=args.resume
+    )
     s = result["summary"]
     rows = [[r["iter"], f"{r['loss']:.4f}", f"{r['time_s']:.3f}"] for r in result["iterations"]]
     every = max(1, len(rows) // 10)

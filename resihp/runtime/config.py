@@ -25,6 +25,9 @@ TOML layout (every key optional; defaults = the embedded default job):
     timing = true                # per-instruction timings in the trace
     trace = "trace.jsonl"        # optional: also write the trace as JSON lines
     faults = "faults.toml"       # optional: [[faults]] to inject (runtime/faults.py)
+    checkpoint_every = 0         # optional: save the committed state every N iterations (0: off)
+    checkpoint_dir = "ckpt"      # where (runtime/checkpoint.py); `resihp train --resume DIR`
+    snapshots = false            # in-memory peer snapshots: survive losing every replica of a stage
 
 A bad key or value raises ValueError naming `section.key`, the value and what is allowed; a plan
 that does not fit the model or the requested workers fails the same way, before any process starts.
@@ -58,6 +61,9 @@ SECTIONS: dict[str, dict[str, str]] = {
         "timing": "timing",
         "trace": "trace",
         "faults": "faults",
+        "checkpoint_every": "checkpoint_every",
+        "checkpoint_dir": "checkpoint_dir",
+        "snapshots": "snapshots",
     },
 }
 _WHERE = {fld: f"{sec}.{key}" for sec, keys in SECTIONS.items() for key, fld in keys.items()}
@@ -83,6 +89,9 @@ class TrainConfig:
     timing: bool = True
     trace: str | None = None
     faults: str | None = None
+    checkpoint_every: int = 0
+    checkpoint_dir: str | None = None
+    snapshots: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "microbatches", "seq_len", "iterations", "workers"):
@@ -99,12 +108,21 @@ class TrainConfig:
             raise ValueError(f"parallel.p2p = {self.p2p!r}: allowed: {', '.join(P2P_MODES)}")
         if self.lengths not in LENGTH_KINDS:
             raise ValueError(f"workload.lengths = {self.lengths!r}: allowed: {', '.join(LENGTH_KINDS)}")
+        if not isinstance(self.snapshots, bool):
+            raise ValueError(f"run.snapshots = {self.snapshots!r}: must be true or false")
         if not isinstance(self.timing, bool):
             raise ValueError(f"run.timing = {self.timing!r}: must be true or false")
         if self.trace is not None and not isinstance(self.trace, str):
             raise ValueError(f"run.trace = {self.trace!r}: must be a file path")
         if self.faults is not None and not isinstance(self.faults, str):
             raise ValueError(f"run.faults = {self.faults!r}: must be a file path")
+        v = self.checkpoint_every
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"run.checkpoint_every = {v!r}: must be a non-negative integer (0: off)")
+        if self.checkpoint_dir is not None and not isinstance(self.checkpoint_dir, str):
+            raise ValueError(f"run.checkpoint_dir = {self.checkpoint_dir!r}: must be a directory path")
+        if v and not self.checkpoint_dir:
+            raise ValueError("run.checkpoint_every needs run.checkpoint_dir")
         for name in ("lr", "weight_decay"):
             if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int | float):
                 raise ValueError(f"{_WHERE[name]} = {getattr(self, name)!r}: must be a number")

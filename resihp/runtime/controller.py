@@ -28,10 +28,12 @@ import torch.multiprocessing as mp
 
 from resihp.core.plan import Plan
 
+from .checkpoint import savers, write_meta
 from .launch import JobSpec, _fail, _gather, _reap
 from .member import decision_key, member_main, plan_key
 from .reconfig import grow_plan, rebalance_slow, replan_after_stop
 from .slowwatch import SlowWatch
+from .snapshot import holders
 from .transfer import source_stages
 
 ABORT_GRACE_S = 5.0  # a reported collective failure with no dead process after this -> WorkerFailed
@@ -80,6 +82,8 @@ def launch_elastic(
     abort_since = None
     watch = SlowWatch(job.start_iteration) if detect_slow and job.timing else None
     blamed: set[tuple[int, int]] = set()  # (generation, device) already reported slow
+    speeds: dict[int, float] = {}  # device -> compound speed estimate from fail-slow reports
+    saved: dict[int, set[int]] = {}  # checkpoint iteration -> devices that wrote their shards
 
     def publish(new: Plan, start: int, reason: str = "planned") -> None:
         nonlocal gen, cur
@@ -108,17 +112,29 @@ def launch_elastic(
                 kind, dev, payload = results.get(timeout=0.05)
             except queue_mod.Empty:
                 kind = None
-            dead = sorted(d for d in members if d not in done and by_dev[d].exitcode is not None)
+            # exit code 0: a member that finished; its "done" may still be in the queue
+            dead = sorted(d for d in members if d not in done and by_dev[d].exitcode not in (None, 0))
             if dead and not finished:
                 t_detect = time.time()
                 time.sleep(0.1)  # collect the other deaths of one event (two devices stopped at once)
-                dead = sorted(d for d in members if d not in done and by_dev[d].exitcode is not None)
+                dead = sorted(d for d in members if d not in done and by_dev[d].exitcode not in (None, 0))
                 members -= set(dead)
                 for d in dead:
                     events.append({"iter": it, "kind": "fail-stop", "devices": [d]})
                 t0 = time.perf_counter()
-                source_stages(cur, members)  # ValueError when a stage lost every replica (no snapshots)
-                new, reason = replan_after_stop(plan, cur, members, gen + 1, job.workload, policy)
+                try:
+                    source_stages(cur, members)
+                except ValueError:  # a stage lost every replica: its snapshots, else ValueError
+                    if not job.snapshots:
+                        raise
+                    hold = holders(cur)
+                    source_stages(cur, members, hold)
+                    lost = sorted(d for d in cur.devices() if d not in members)
+                    used = sorted({hold[d] for d in lost if d in hold})
+                    events.append({"iter": it, "kind": "snapshot-restore", "devices": used, "lost": lost})
+                new, reason = replan_after_stop(
+                    plan, cur, members, gen + 1, job.workload, policy, absorb=job.snapshots
+                )
                 plan_s = time.perf_counter() - t0
                 publish(new, it, reason)
                 store.set(decision_key(gen - 1, it), "abort")
@@ -197,9 +213,17 @@ def launch_elastic(
                                 "severity": rep.severity,
                             }
                         )
-                        new = rebalance_slow(cur, bad, rep.severity, gen + 1)
+                        speeds[bad] = speeds.get(bad, 1.0) * rep.severity  # relative to gen's baseline
+                        new = rebalance_slow(cur, bad, rep.severity, gen + 1, speeds)
                         if new is not None and it + 1 < end and it + 1 not in replans:
                             replans[it + 1] = new
+            elif kind == "saved":  # a checkpoint is complete once every saver of its plan wrote
+                got = saved.setdefault(payload["iter"], set())
+                got.add(dev)
+                wrote = plans[payload["generation"]]
+                if got == set(savers(wrote)):
+                    path = write_meta(job.checkpoint_dir, payload["iter"], wrote)
+                    events.append({"iter": payload["iter"], "kind": "checkpoint", "path": path})
             elif kind == "state":
                 shards[dev] = payload
             elif kind == "done":

@@ -49,6 +49,13 @@ class JobSpec:
     # (device, iteration): the worker exits hard (no message) before running that iteration —
     # the `stop` fault of the FaultSpec vocabulary, for tests of failure handling.
     stop_at: tuple[tuple[int, int], ...] = ()
+    # Elastic runtime only (checkpoint.py): save the committed state every `checkpoint_every`
+    # iterations into `checkpoint_dir`; `resume`: a checkpoint directory to start from (then
+    # `start_iteration` is its iteration, and the optimizer step count is absolute).
+    checkpoint_every: int = 0
+    checkpoint_dir: str | None = None
+    resume: str | None = None
+    snapshots: bool = False  # keep a peer's committed shard in memory (snapshot.py)
 
 
 class WorkerFailed(RuntimeError):

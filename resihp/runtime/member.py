@@ -29,9 +29,11 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from .checkpoint import load_init, save_shard
 from .faults import faults_at
 from .groups import build_groups
 from .launch import PG_TIMEOUT_S, _watch_controller
+from .snapshot import exchange, holders
 from .transfer import holding_of, transfer
 from .worker import Worker
 
@@ -69,6 +71,8 @@ def _run(msg: dict, job, faults, device: int, store, results) -> None:
     end = job.start_iteration + job.iterations
     old, holding = msg.get("previous"), None  # a re-joining member starts in generation g > 0
     teardown_s = 0.0  # leaving the previous generation: holding copy, group destruction
+    first = msg["generation"]
+    snaps: dict = {}  # snapshot.py: the committed shards this device keeps for its buddies
     while msg is not None:
         g, plan, it = msg["generation"], msg["plan"], msg["start"]
         ranks = {d: r for r, d in enumerate(sorted(msg["members"]))}
@@ -82,13 +86,27 @@ def _run(msg: dict, job, faults, device: int, store, results) -> None:
         )
         groups = build_groups(plan, device, ranks)
         t1 = time.perf_counter()
-        init = None if old is None else transfer(old, holding, plan, device, ranks, it - job.start_iteration)
+        steps = it if job.resume else it - job.start_iteration  # committed optimizer steps
+        if old is not None:
+            hold = holders(old) if job.snapshots else None
+            init = transfer(old, holding, plan, device, ranks, steps, snaps, hold)
+        elif job.resume and g == first:  # a whole-job restart: state from the checkpoint
+            init = load_init(job.resume, plan, device)
+        else:
+            init = None
         t2 = time.perf_counter()
         old = holding = None
         worker = None if plan.stage_of(device) is None else Worker(plan, device, groups, job, init)
+        snaps = {}  # snapshots of the old plan are stale now; plan devices refresh them at once
+        if worker is not None and job.snapshots:
+            snaps.update(exchange(plan, device, ranks, holding_of(worker)))
         timing = {"group_s": t1 - t0, "transfer_s": t2 - t1, "build_s": time.perf_counter() - t2}
         results.put(("joined", device, {"generation": g, "teardown_s": teardown_s, **timing}))
-        leave = "standby" if worker is None else _iterate(worker, g, it, end, faults, store, results)
+        leave = (
+            "standby"
+            if worker is None
+            else _iterate(worker, g, it, end, faults, store, results, ranks, snaps)
+        )
         t_left = time.perf_counter()
         old = plan  # a standby member holds nothing but still takes part in the next transfer
         if leave in ("next", "abort"):
@@ -107,8 +125,9 @@ def _run(msg: dict, job, faults, device: int, store, results) -> None:
     results.put(("done", device, None))
 
 
-def _iterate(worker: Worker, g: int, it: int, end: int, faults, store, results) -> str:
-    """Run and commit iterations from `it`; returns why the generation ends: next | abort | end."""
+def _iterate(worker: Worker, g: int, it: int, end: int, faults, store, results, ranks, snaps: dict) -> str:
+    """Run and commit iterations from `it`; returns why the generation ends: next | abort | end.
+    With `job.snapshots`, `snaps` is refreshed after every committed step (`snapshot.exchange`)."""
     device, decision = worker.device, {}
 
     def before_step(k: int, losses: list, wall_s: float) -> None:
@@ -137,6 +156,19 @@ def _iterate(worker: Worker, g: int, it: int, end: int, faults, store, results) 
             return "abort"
         results.put(("iter", device, record))
         it += 1
+        every = worker.job.checkpoint_every
+        if every and it % every == 0:  # the step of iteration it - 1 is committed: save it
+            if save_shard(worker.job.checkpoint_dir, it, worker.plan, device, holding_of(worker)):
+                results.put(("saved", device, {"generation": g, "iter": it}))
+        if worker.job.snapshots:
+            try:
+                fresh = exchange(worker.plan, device, ranks, holding_of(worker))
+            except RuntimeError as e:  # a peer died: never keep a stale snapshot as if current
+                snaps.clear()
+                results.put(("abort", device, {"generation": g, "iter": it, "error": f"snapshot: {e}"[:300]}))
+                return "abort"
+            snaps.clear()
+            snaps.update(fresh)
         if decision.pop("verdict") == "next":
             return "next"
     return "end"

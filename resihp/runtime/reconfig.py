@@ -7,9 +7,11 @@ explicit rule below.
 group (heads and FFN columns re-split evenly over them, the ResiHP move: no spare needed); a stage
 that lost every device takes its whole replica out of service — the replica's other devices go to
 standby and its micro-batches are re-spread over the surviving replicas, so the global batch
-(and with it the loss and gradient scale) never changes. State for the shrunk stages comes from a
-DP peer (`transfer.source_stages`). Plans with migration (`assignment`) keep it only when no
-replica is dropped.
+(and with it the loss and gradient scale) never changes. When every replica lost a whole stage
+(dp = 1, say), the first replica with survivors goes on with each dead stage's layers merged into
+a neighbouring surviving stage (`absorb=True`, with snapshots only: the state then comes from
+them). State for the shrunk stages comes from a DP peer (`transfer.source_stages`). Plans with
+migration (`assignment`) keep it only when no replica is dropped.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from resihp.core.scenario import Job
 from resihp.sched import POLICIES
 
 
-def shrink_plan(plan: Plan, dead: set[int] | list[int], generation: int) -> Plan:
-    """The plan over the survivors of `dead` as generation `generation`; ValueError if none fits."""
+def shrink_plan(plan: Plan, dead: set[int] | list[int], generation: int, absorb: bool = False) -> Plan:
+    """The plan over the survivors of `dead` as generation `generation`; ValueError if none fits
+    (with `absorb`, when every replica lost a whole stage, `_absorb` merges layers instead)."""
     dead = set(dead)
     replicas, kept, standby = [], [], set(plan.standby) - dead
     for d, stages in enumerate(plan.replicas):
@@ -36,6 +39,8 @@ def shrink_plan(plan: Plan, dead: set[int] | list[int], generation: int) -> Plan
         replicas.append(tuple(new))
         kept.append(d)
     if not replicas:
+        if absorb:
+            return _absorb(plan, dead, generation)
         raise ValueError(f"devices {sorted(dead)} took out every replica: nothing left to train on")
     if len(kept) == len(plan.replicas):
         microbatches, assignment = plan.microbatches, plan.assignment
@@ -55,10 +60,43 @@ def shrink_plan(plan: Plan, dead: set[int] | list[int], generation: int) -> Plan
     )
 
 
-def rebalance_slow(plan: Plan, device: int, speed: float, generation: int) -> Plan | None:
+def _absorb(plan: Plan, dead: set[int], generation: int) -> Plan:
+    """Every replica lost a whole stage (e.g. dp = 1): the first replica with survivors goes on, each
+    of its dead stages' layers merged into the preceding surviving stage (the following one for a
+    dead first stage); every other survivor goes to standby. The lost state comes from snapshots
+    (`snapshot.py`); ValueError when no device survives or micro-batches were migrated."""
+    for stages in plan.replicas:
+        merged: list[list] = []  # [alive devices, lo, hi] per surviving stage, in pipeline order
+        pending_lo = None
+        for st in stages:
+            alive = [dev for dev in st.devices if dev not in dead]
+            if not alive:  # dead (or hollow): its layers go to a neighbour
+                if merged:
+                    merged[-1][2] = st.layers[1]
+                elif pending_lo is None:
+                    pending_lo = st.layers[0]
+                continue
+            merged.append([alive, st.layers[0] if pending_lo is None else pending_lo, st.layers[1]])
+            pending_lo = None
+        if merged and not plan.assignment:
+            replica = tuple(build_stage(plan.model, a, (lo, hi)) for a, lo, hi in merged)
+            used = {dev for a, _, _ in merged for dev in a}
+            alive = set(plan.devices()) | set(plan.standby)
+            standby = tuple(sorted(alive - dead - used))
+            return Plan(
+                plan.model, (replica,), (plan.global_microbatches,), plan.schedule, (), standby, generation
+            )
+    raise ValueError(f"devices {sorted(dead)} took out every replica: nothing left to train on")
+
+
+def rebalance_slow(
+    plan: Plan, device: int, speed: float, generation: int, known: dict[int, float] | None = None
+) -> Plan | None:
     """The plan with `device`'s stage re-split in proportion to speeds (the slow member gets fewer
     heads and FFN columns: ResiHP's uneven TP); None when the stage has no TP peer to shift work to
-    (micro-batch migration, the scheduler's other move, is not wired into the runtime yet)."""
+    (micro-batch migration, the scheduler's other move, is not wired into the runtime yet).
+    `known`: every device's speed estimate so far (it then overrides `speed`), so that a second
+    report in the same stage does not forget the first one's slow member."""
     where = plan.stage_of(device)
     if where is None:
         return None
@@ -66,7 +104,8 @@ def rebalance_slow(plan: Plan, device: int, speed: float, generation: int) -> Pl
     st = plan.replicas[d][i]
     if st.tp < 2:
         return None
-    speeds = [speed if dev == device else 1.0 for dev in st.devices]
+    known = dict(known or {device: speed})
+    speeds = [known.get(dev, 1.0) for dev in st.devices]
     new = build_stage(plan.model, st.devices, st.layers, speeds)
     if (new.tp_split, new.ffn_split) == (st.tp_split, st.ffn_split):
         return None
@@ -83,7 +122,13 @@ def grow_plan(initial: Plan, current: Plan, alive: set[int], generation: int) ->
 
 
 def replan_after_stop(
-    initial: Plan, current: Plan, members: set[int], generation: int, workload, policy: str | None
+    initial: Plan,
+    current: Plan,
+    members: set[int],
+    generation: int,
+    workload,
+    policy: str | None,
+    absorb: bool = False,
 ) -> tuple[Plan, str]:
     """(plan of `generation` over the live `members`, why): the scheduler policy's plan (architecture
     §1: the Scheduler decides, the runtime executes), or `shrink_plan` when `policy` is None or the
@@ -109,4 +154,4 @@ def replan_after_stop(
         reason = f"{policy} gave no usable plan ({decision.reason}); "
     else:
         reason = ""
-    return shrink_plan(current, dead, generation), reason + "shrink: survivors keep their stages"
+    return shrink_plan(current, dead, generation, absorb), reason + "shrink: survivors keep their stages"

@@ -96,6 +96,7 @@ def run_training(
     replans: list[tuple[int, Plan]] | tuple = (),
     detect_slow: bool = False,
     policy: str | None = "resihp",
+    resume: str | None = None,
 ) -> dict:
     """Train `config` (default: the embedded job) under `plan` (default: `config.plan()`).
 
@@ -108,6 +109,10 @@ def run_training(
     faults are injected, fail-stops recovered without restart, and `events` filled in;
     `detect_slow` also detects slow devices from live timings and re-splits their TP stage;
     `policy` is the scheduler policy that replans after a fail-stop (None: `reconfig.shrink_plan`).
+
+    `config.checkpoint_every` saves the committed state periodically (`checkpoint.py`); `resume`
+    (a checkpoint directory, or a `checkpoint_dir` with a `latest`) restarts the job from it under
+    `plan`, which may differ from the one that wrote it: iterations `[checkpoint, config.iterations)`.
     """
     config = config or TrainConfig()
     if plan is None:
@@ -121,15 +126,30 @@ def run_training(
         if not set(p.devices()) | set(p.standby) <= set(plan.devices()) | set(plan.standby):
             raise ValueError(f"a replan uses devices outside the initial plan: {p.devices()}")
     workload = config.workload()
+    start = 0
+    if resume is not None:
+        from .checkpoint import load_meta, resolve
+
+        resume = resolve(resume)
+        start = load_meta(resume)["iteration"]
+        if start >= config.iterations:
+            raise ValueError(
+                f"--resume: the checkpoint is at iteration {start}, run.iterations = {config.iterations}"
+            )
     job = JobSpec(
         spec=plan.model,
         workload=workload,
         optim=config.optim(),
         seed=config.seed,
-        iterations=config.iterations,
+        iterations=config.iterations - start,
+        start_iteration=start,
         timing=config.timing,
         return_state=return_state,
         p2p=config.p2p,
+        checkpoint_every=config.checkpoint_every,
+        checkpoint_dir=config.checkpoint_dir,
+        resume=resume,
+        snapshots=config.snapshots,
     )
     rows: list[dict] = []
     events: list[dict] = []
@@ -142,7 +162,7 @@ def run_training(
         bar.update(row, row["samples"] / max(row["time_s"], 1e-9))
 
     try:
-        if faults or replans or detect_slow:
+        if faults or replans or detect_slow or config.checkpoint_every or resume or config.snapshots:
             from .controller import launch_elastic
 
             def on_commit(it: int, current: Plan, payloads: list[dict]) -> None:

@@ -60,23 +60,36 @@ def _holds(spec, st: Stage, name: str) -> bool:
     return name in stage_param_names(spec, st.layers)
 
 
-def source_stages(plan: Plan, members: set[int]) -> dict[str, Stage]:
+def source_stages(plan: Plan, members: set[int], holders: dict[int, int] | None = None) -> dict[str, Stage]:
     """Canonical name -> the old stage whose shards provide it (all its devices are members).
 
-    ValueError naming the tensor when no complete live copy exists (every replica of a stage
-    lost: the snapshot path of issue 7, not built yet).
+    When no complete live copy exists (every replica of a stage lost) and `holders` (device -> the
+    member keeping its snapshot, `snapshot.holders`) is given, the first stage whose every device
+    is a member or has a live holder; otherwise ValueError naming the tensor.
     """
     spec = plan.model
     out: dict[str, Stage] = {}
     for name in stage_param_names(spec, (0, spec.num_layers)):
-        for stages in plan.replicas:
-            st = next((s for s in stages if not s.hollow and _holds(spec, s, name)), None)
-            if st is not None and set(st.devices) <= members:
-                out[name] = st
-                break
-        else:
+        candidates = [
+            st
+            for stages in plan.replicas
+            for st in [next((s for s in stages if not s.hollow and _holds(spec, s, name)), None)]
+            if st is not None
+        ]
+        live = [st for st in candidates if set(st.devices) <= members]
+        if not live and holders is not None:
+            live = [
+                st for st in candidates if all(d in members or holders.get(d) in members for d in st.devices)
+            ]
+        if not live:
             raise ValueError(f"no live copy of {name}: every stage holding it lost a device")
+        out[name] = live[0]
     return out
+
+
+def root_of(device: int, members, holders: dict[int, int] | None) -> int:
+    """Who broadcasts `device`'s old shards: itself, or the member keeping its snapshot."""
+    return device if device in members or holders is None else holders[device]
 
 
 def _layout(plan: Plan, sources: dict[str, Stage], device: int) -> list[tuple[str, torch.Size]]:
@@ -91,15 +104,24 @@ def _layout(plan: Plan, sources: dict[str, Stage], device: int) -> list[tuple[st
 
 
 def transfer(
-    old: Plan, holding: Holding | None, new: Plan, device: int, ranks: dict[int, int], steps: int
+    old: Plan,
+    holding: Holding | None,
+    new: Plan,
+    device: int,
+    ranks: dict[int, int],
+    steps: int,
+    snaps: dict[int, Holding] | None = None,
+    holders: dict[int, int] | None = None,
 ) -> StageInit | None:
     """Collective over the new world (every member calls it): this device's new stage's state.
 
     `holding` is this device's state under `old` (None when it held nothing); `steps` the number
     of committed optimizer steps (0: no moments exist yet). Returns None for a standby device.
+    `snaps` / `holders` (`snapshot.py`): the snapshots this device keeps, and who keeps whose; a
+    lost source device's shards are then broadcast by its holder.
     """
     spec = old.model
-    sources = source_stages(old, set(ranks))
+    sources = source_stages(old, set(ranks), holders)
     kinds = 1 + (2 if steps > 0 else 0)
     where = new.stage_of(device)
     mine = set()
@@ -110,13 +132,15 @@ def transfer(
     for src in sorted(d for st in set(sources.values()) for d in st.devices):
         layout = _layout(old, sources, src)
         sizes = [shape.numel() for _, shape in layout]
-        if src == device:
-            assert holding is not None, f"device {device} sources state but holds none"
-            tensors = [holding.params] + (list(holding.moments) if kinds > 1 else [])
+        root = root_of(src, ranks, holders)
+        if root == device:
+            held = holding if src == device else (snaps or {}).get(src)
+            assert held is not None, f"device {device} sources state of {src} but holds none"
+            tensors = [held.params] + (list(held.moments) if kinds > 1 else [])
             buf = torch.cat([t[n].reshape(-1) for n, _ in layout for t in tensors])
         else:
             buf = torch.empty(sum(sizes) * kinds)
-        dist.broadcast(buf, src=ranks[src])
+        dist.broadcast(buf, src=ranks[root])
         offset = 0
         for (name, shape), numel in zip(layout, sizes):
             parts = [buf[offset + k * numel : offset + (k + 1) * numel].view(shape) for k in range(kinds)]

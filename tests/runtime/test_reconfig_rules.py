@@ -42,3 +42,14 @@ def test_rebalance_slow_shifts_heads_off_the_slow_member():
     assert st.tp_split[1] < st.tp_split[0] and st.ffn_split[1] < st.ffn_split[0]
     assert rebalance_slow(shrink_plan(PLAN, {5}, 1), 4, 0.25, 2) is None
     assert rebalance_slow(PLAN, 3, 0.99, 1) is None  # too mild to move a head
+
+
+def test_rebalance_slow_remembers_every_known_speed():
+    """A later report on the fast peer re-splits with both estimates, not the new one alone: the
+    slow member never gets more heads than its peer."""
+    first = rebalance_slow(PLAN, 1, 0.25, 1)
+    later = rebalance_slow(first, 0, 0.6, 2, known={1: 0.25, 0: 0.6})
+    st = later.replicas[0][0]
+    assert st.tp_split[1] < st.tp_split[0] and st.ffn_split[1] < st.ffn_split[0]
+    forgetful = rebalance_slow(first, 0, 0.6, 2).replicas[0][0]
+    assert forgetful.tp_split[1] > forgetful.tp_split[0]  # what the old rule did

@@ -1,0 +1,217 @@
+"""Live adaptation to a 3x slow device on CPU, and the simulator's prediction of the adapted plan.
+
+Default job (tiny LLaMA, tp 2 x pp 2 x dp 2, 8 gloo workers, 1F1B, 4 micro-batches of 128 tokens
+per replica), three runs on the elastic runtime, one each:
+
+* fault-free (`detect_slow` on, nothing injected: same runtime, same commit protocol);
+* unmitigated: device 1 at speed 1/3 from iteration `--at`, adaptation off;
+* adapted: the same fault, `detect_slow` on: `fail-slow` -> `rebalance_slow` (uneven TP split).
+
+Steady state = the committed iterations from `--skip` iterations after the last replan (adapted)
+or after the fault (unmitigated) to the end; samples/s = samples / Σ iteration time (`time_s`,
+the slowest device's wall time up to STEP). Capacity bound = fault-free samples/s x Σ live speed / N.
+
+Prediction (c): the CPU cost model is calibrated from the fault-free run's own per-instruction
+times (F/B wall time including their TP collectives, max over the TP group; `fit_linear_time` per
+group and F/B, `chunk_table`: the paper's MTP), gradient sync per group from the measured
+ALLREDUCE (median), P2P from the fast tail (10th percentile) of the measured RECV; the adapted plan's groups
+scale their row by max over TP members of (share of heads and FFN columns x tp / speed); then
+`resihp.sim.pipeline.evaluate`.
+
+    .venv/bin/python benchmarks/runtime_adapt.py [--iterations 40] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+
+import numpy as np
+
+from resihp.core.costs import Costs
+from resihp.core.plan import Plan, Stage
+from resihp.core.program import compile_plan
+from resihp.cost.calibration import chunk_table, fit_linear_time, mape
+from resihp.runtime.config import TrainConfig
+from resihp.runtime.train import run_training
+from resihp.sim.pipeline import evaluate
+
+SLOW_DEVICE, SPEED = 1, 1.0 / 3.0
+
+
+def plan_of(d: dict) -> Plan:
+    """A Plan from its `to_dict` form (the default job's model)."""
+    replicas = tuple(
+        tuple(
+            Stage(tuple(s["devices"]), tuple(s["layers"]), tuple(s["tp_split"]), tuple(s["ffn_split"]))
+            for s in r
+        )
+        for r in d["replicas"]
+    )
+    return Plan(
+        TrainConfig().spec,
+        replicas,
+        tuple(d["microbatches"]),
+        d["schedule"],
+        tuple(tuple(a) for a in d["assignment"]),
+        tuple(d["standby"]),
+        d["generation"],
+    )
+
+
+def run(iterations: int, at: int | None, adapt: bool) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        faults = None
+        if at is not None:
+            faults = os.path.join(tmp, "faults.toml")
+            with open(faults, "w") as f:
+                f.write(
+                    f"[[faults]]\nkind = 'slow'\ndevice = {SLOW_DEVICE}\nat_iter = {at}\nseverity = {SPEED}\n"
+                )
+        config = TrainConfig(iterations=iterations, faults=faults)
+        return run_training(config, progress=False, detect_slow=adapt)
+
+
+def steady(res: dict, first: int) -> dict:
+    rows = [r for r in res["iterations"] if r["iter"] >= first]
+    t = sum(r["time_s"] for r in rows)
+    return {
+        "from_iter": first,
+        "iterations": len(rows),
+        "samples_per_s": sum(r["samples"] for r in rows) / t,
+        "iteration_s_mean": t / len(rows),
+        "iteration_s_median": statistics.median(r["time_s"] for r in rows),
+        "times": [r["time_s"] for r in rows],
+    }
+
+
+def calibrate(res: dict, first: int) -> tuple[dict, dict, float]:
+    """(group -> (3, 3) chunk table, group -> allreduce s, p2p s) from the fault-free trace."""
+    plan = plan_of(res["plan"])
+    config = TrainConfig()
+    workload = config.workload()
+    samples: dict[tuple, list] = {}
+    allreduce: dict[tuple, list] = {}
+    sends = []
+    for rec in res["trace"]:
+        if rec["iter"] < first:
+            continue
+        g = (rec["replica"], rec["stage"])
+        for op, src, mb, comp, comm in rec["instrs"]:
+            if op in ("F", "B"):  # the chunk's wall time: its TP collectives are part of it
+                k = plan.mb_offset(src) + mb
+                samples.setdefault((g, op, rec["iter"], k), []).append(comp + comm)
+            elif op == "ALLREDUCE":
+                allreduce.setdefault(g, []).append(comp + comm)
+            elif op == "RECV":  # includes waiting for the sender: its fast tail is the transfer
+                sends.append(comp + comm)
+    fits: dict[tuple, list] = {}
+    for (g, op, it, k), ts in samples.items():  # a TP group runs at its slowest member's pace
+        sq = workload.pack(it, plan.global_microbatches).sum_sq[k]
+        fits.setdefault((g, op), []).append((workload.seq_len, sq, max(ts)))
+    table = {}
+    for g in {g for g, _ in fits}:
+        rows = {op: np.array(fits[g, op]) for op in ("F", "B")}
+        lt = {op: fit_linear_time(r[:, 0], r[:, 1], r[:, 2]) for op, r in rows.items()}
+        table[g] = chunk_table(lt["F"], lt["B"])
+    return table, {g: statistics.median(v) for g, v in allreduce.items()}, float(np.percentile(sends, 10))
+
+
+def predict(plan: Plan, base: Plan, table: dict, allreduce: dict, p2p: float, speeds: dict, it: int) -> float:
+    """Predicted iteration time of `plan` (same layer cuts as `base`) at iteration `it`'s batch."""
+    spec, workload = plan.model, TrainConfig().workload()
+    chunk = {}
+    for d, stages in enumerate(plan.replicas):
+        for i, st in enumerate(stages):
+            old = base.replicas[d][i]
+            assert st.layers == old.layers, "only TP re-splits are modelled"
+            scale = max(
+                0.5 * (h / spec.heads + f / spec.ffn) * old.tp / speeds.get(dev, 1.0)
+                for dev, h, f in zip(st.devices, st.tp_split, st.ffn_split)
+            )
+            chunk[d, i] = table[d, i] * np.array([[scale], [scale], [scale]])
+    batch = workload.pack(it, plan.global_microbatches)
+    costs = Costs(
+        np.full(batch.count, float(batch.seq_len)),
+        batch.sum_sq,
+        chunk,
+        p2p=lambda a, b: p2p,
+        allreduce_s=dict(allreduce),
+    )
+    return evaluate(compile_plan(plan), costs).iteration_s
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iterations", type=int, default=40)
+    ap.add_argument("--at", type=int, default=4, help="iteration at which the slowdown starts")
+    ap.add_argument(
+        "--skip", type=int, default=3, help="iterations after the fault / replan not in steady state"
+    )
+    ap.add_argument("--json", dest="json_out")
+    args = ap.parse_args()
+    load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    print("before:", load, flush=True)
+    free = run(args.iterations, None, True)
+    slow = run(args.iterations, args.at, False)
+    adapt = run(args.iterations, args.at, True)
+    print("after: ", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+    replans = [e for e in adapt["events"] if e["kind"] == "replan"]
+    blamed = [e for e in adapt["events"] if e["kind"] == "fail-slow"]
+    last = replans[-1]["iter"] if replans else args.at
+    s_free = steady(free, args.skip)
+    s_slow = steady(slow, args.at + args.skip)
+    s_adapt = steady(adapt, last + args.skip)
+    bound = s_free["samples_per_s"] * (7 + SPEED) / 8
+    table, allreduce, p2p = calibrate(free, args.skip)
+    plan0 = plan_of(free["plan"])
+    final = plan_of(adapt["plans"][-1])
+    its = range(s_adapt["from_iter"], args.iterations)
+    pred_adapt = [predict(final, plan0, table, allreduce, p2p, {SLOW_DEVICE: SPEED}, it) for it in its]
+    pred_free = [
+        predict(plan0, plan0, table, allreduce, p2p, {}, it) for it in range(args.skip, args.iterations)
+    ]
+    out = {
+        "load": load,
+        "fault_free": s_free,
+        "unmitigated": s_slow,
+        "adapted": s_adapt,
+        "capacity_bound_samples_per_s": bound,
+        "adapted_over_bound": s_adapt["samples_per_s"] / bound,
+        "unmitigated_over_bound": s_slow["samples_per_s"] / bound,
+        "fail_slow_events": blamed,
+        "replans": replans,
+        "adapted_plan_stage": adapt["plans"][-1]["replicas"][0][0],
+        "predicted_adapted_s_mean": float(np.mean(pred_adapt)),
+        "mape_adapted_pct": mape(pred_adapt, s_adapt["times"]),
+        "mean_error_adapted_pct": 100 * (np.mean(pred_adapt) / s_adapt["iteration_s_mean"] - 1),
+        "predicted_fault_free_s_mean": float(np.mean(pred_free)),
+        "mape_fault_free_pct": mape(pred_free, s_free["times"]),
+        "p2p_s": p2p,
+        "allreduce_s": {str(k): v for k, v in allreduce.items()},
+    }
+    for k in ("fault_free", "unmitigated", "adapted"):
+        s = out[k]
+        print(f"{k:12} from iter {s['from_iter']:3}: {s['samples_per_s']:7.2f} samples/s, "
+              f"iteration {s['iteration_s_mean'] * 1e3:6.1f} ms mean, "
+              f"{s['iteration_s_median'] * 1e3:6.1f} ms median")  # fmt: skip
+    print(f"capacity bound {bound:.2f} samples/s; adapted/bound {out['adapted_over_bound']:.3f}; "
+          f"unmitigated/bound {out['unmitigated_over_bound']:.3f}")  # fmt: skip
+    print("fail-slow:", [(e["iter"], e["devices"], round(e["severity"], 3)) for e in blamed])
+    print("replans:", [(e["iter"], e["reason"]) for e in replans], "stage r0s0:", out["adapted_plan_stage"])
+    print(f"predicted adapted {out['predicted_adapted_s_mean'] * 1e3:.1f} ms vs measured "
+          f"{s_adapt['iteration_s_mean'] * 1e3:.1f} ms: MAPE {out['mape_adapted_pct']:.1f} %, "
+          f"mean error {out['mean_error_adapted_pct']:+.1f} %")  # fmt: skip
+    print(f"predicted fault-free {out['predicted_fault_free_s_mean'] * 1e3:.1f} ms vs measured "
+          f"{s_free['iteration_s_mean'] * 1e3:.1f} ms: MAPE {out['mape_fault_free_pct']:.1f} %")  # fmt: skip
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(out, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""Snapshot fallback: when every replica of a stage is lost, a peer's in-memory snapshot of the last
+committed state restores it, and the run continues without restart or lost iterations."""
+
+import pytest
+import torch
+
+from resihp.core.model_spec import ModelSpec
+from resihp.core.plan import Plan
+from resihp.runtime.config import TrainConfig
+from resihp.runtime.launch import alive
+from resihp.runtime.reconfig import shrink_plan
+from resihp.runtime.reference import train_reference
+from resihp.runtime.snapshot import holders
+from resihp.runtime.train import run_training
+from resihp.runtime.transfer import source_stages
+
+SPEC = ModelSpec("t", 4, 32, 8, 2, 48, 256)
+
+
+def test_holders_sit_on_another_stage_index():
+    """Every device's snapshot is kept on a stage holding other layers, in dp = 1 and dp = 2; so the
+    loss of every replica of one stage still leaves a source for each tensor."""
+    plan = Plan.uniform(SPEC, 2, 2, 2, 2)
+    assert holders(plan) == {0: 2, 1: 3, 2: 0, 3: 1, 4: 6, 5: 7, 6: 4, 7: 5}
+    one = Plan.uniform(SPEC, 2, 2, 1, 2)
+    assert holders(one) == {0: 2, 1: 3, 2: 0, 3: 1}
+    assert holders(Plan.uniform(SPEC, 2, 1, 1, 2)) == {}  # a single stage: nowhere else to keep it
+    members = {0, 1, 4, 5}
+    with pytest.raises(ValueError, match="no live copy"):
+        source_stages(plan, members)
+    sources = source_stages(plan, members, holders(plan))
+    assert {st.devices for st in sources.values()} == {(0, 1), (2, 3)}
+
+
+def test_absorb_merges_a_lost_stage_into_its_neighbour():
+    """dp = 1: the lost last stage's layers go to the first stage; a lost first stage's to the next;
+    without `absorb` the old ValueError stays."""
+    one = Plan.uniform(SPEC, 2, 2, 1, 2)
+    p = shrink_plan(one, {2, 3}, 1, absorb=True)
+    assert [(st.devices, st.layers) for st in p.replicas[0]] == [((0, 1), (0, 4))]
+    assert p.microbatches == (2,) and p.standby == ()
+    p = shrink_plan(one, {0, 1, 3}, 1, absorb=True)
+    assert [(st.devices, st.layers) for st in p.replicas[0]] == [((2,), (0, 4))]
+    p = shrink_plan(Plan.uniform(SPEC, 2, 2, 2, 2), {2, 3, 6, 7}, 1, absorb=True)
+    assert [(st.devices, st.layers) for st in p.replicas[0]] == [((0, 1), (0, 4))]
+    assert p.microbatches == (4,) and p.standby == (4, 5)
+    with pytest.raises(ValueError, match="every replica"):
+        shrink_plan(one, {2, 3}, 1)
+
+
+@pytest.mark.slow
+def test_dp1_loses_its_last_stage_and_continues_from_snapshots(tmp_path):
+    """tp2 x pp2 x dp1 with snapshots: devices 2, 3 (the only copy of layers 2..3) stop at iteration
+    2; the stage's state comes from the snapshots on devices 0, 1, which go on with all 4 layers
+    (`shrink_plan(absorb=True)`), and the losses equal the reference's."""
+    faults = tmp_path / "faults.toml"
+    faults.write_text("".join(f"[[faults]]\nkind = 'stop'\ndevice = {d}\nat_iter = 2\n" for d in (2, 3)))
+    config = TrainConfig(seq_len=32, microbatches=4, iterations=4, faults=str(faults), snapshots=True)
+    plan = Plan.uniform(SPEC, 2, 2, 1, 4)
+    res = run_training(config, plan, progress=False)
+    ref_losses, _ = train_reference(
+        SPEC, config.workload(), plan.global_microbatches, 4, seed=config.seed, optim=config.optim()
+    )
+    assert [row["iter"] for row in res["iterations"]] == [0, 1, 2, 3]
+    assert [row["loss"] for row in res["iterations"]] == pytest.approx(ref_losses, rel=1e-4)
+    restore = [(e["iter"], e["devices"], e["lost"]) for e in res["events"] if e["kind"] == "snapshot-restore"]
+    assert restore == [(2, [0, 1], [2, 3])]
+    final = res["plans"][-1]["replicas"]
+    assert [(st["devices"], st["layers"]) for st in final[0]] == [([0, 1], [0, 4])]
+    assert alive(res["worker_pids"]) == [], "orphan worker processes"
+
+
+@pytest.mark.slow
+def test_losing_every_replica_of_a_stage_restores_it_from_snapshots(tmp_path):
+    """tp2 x pp2 x dp2 with snapshots; both copies of the last stage (devices 2, 3, 6, 7) stop at
+    iteration 2: the state of layers 2..3 comes from the snapshots on devices 0, 1 and the run
+    goes on, on the 4 survivors, with the reference's losses."""
+    faults = tmp_path / "faults.toml"
+    faults.write_text(
+        "".join(f"[[faults]]\nkind = 'stop'\ndevice = {d}\nat_iter = 2\n" for d in (2, 3, 6, 7))
+    )
+    config = TrainConfig(seq_len=32, microbatches=2, iterations=4, faults=str(faults), snapshots=True)
+    plan = Plan.uniform(SPEC, 2, 2, 2, 2)
+    res = run_training(config, plan, progress=False, return_state=True)
+    ref_losses, ref_state = train_reference(
+        SPEC, config.workload(), plan.global_microbatches, 4, seed=config.seed, optim=config.optim()
+    )
+    assert [row["iter"] for row in res["iterations"]] == [0, 1, 2, 3]
+    assert [row["loss"] for row in res["iterations"]] == pytest.approx(ref_losses, rel=1e-4)
+    stops = sorted(d for e in res["events"] if e["kind"] == "fail-stop" for d in e["devices"])
+    assert stops == [2, 3, 6, 7]
+    restore = [e for e in res["events"] if e["kind"] == "snapshot-restore"]
+    assert [(e["iter"], e["lost"]) for e in restore] == [(2, [2, 3, 6, 7])]
+    assert set(res["plans"][-1]["replicas"][0][1]["devices"]) <= {0, 1, 4, 5}
+    for d, state in res["state"].items():
+        for name, value in state.items():
+            torch.testing.assert_close(
+                value, ref_state[name], atol=2.5 * config.lr, rtol=0, msg=f"{d} {name}"
+            )
+    assert alive(res["worker_pids"]) == [], "orphan worker processes"
