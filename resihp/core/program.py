@@ -155,7 +155,11 @@ def _greedy_orders(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> d
     forced: dict[GroupKey, tuple[int, int] | None] = dict.fromkeys(work, None)
     total = sum(3 * len(v) for v in work.values())
     done = 0
-    executor = plan.executor
+    moved = plan._exec  # (src, j, stage) -> executing replica, for migrated chunks only
+
+    def executor(src: int, j: int, i: int) -> int:
+        return moved.get((src, j, i), src) if moved else src
+
     active = {g: None for g in work if g[1] == 0}  # groups that may have work; others wait for a push
     while done < total:
         finished: list[tuple[int, int, int, int]] = []
