@@ -148,6 +148,7 @@ def _greedy_orders(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> d
             for heap in ready_f[g].values():
                 heapq.heapify(heap)
     grad_kind = B if plan.schedule == "zbh1" else W
+    one_f_one_b = plan.schedule == "1f1b"
     # 1F1B runs each W right after its B (`forced`), so W is never picked on its own there.
     preference = {"gpipe": (F, B, W), "1f1b": (B, F), "zbh1": (B, F, W)}[plan.schedule]
     orders: dict[GroupKey, list[Chunk]] = {g: [] for g in work}
@@ -184,28 +185,25 @@ def _greedy_orders(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> d
                 else:
                     heapq.heappop(ready_bw[g][kind - 1])
             else:
-                forced[g] = None
-                ready_bw[g][W - 1].remove(key)
-                heapq.heapify(ready_bw[g][W - 1])
+                forced[g] = None  # 1F1B: the W of the B just run (never queued)
             j, src = key
             orders[g].append((kind, src, j))
             live[(g, src)] = live.get((g, src), 0) + (1 if kind == F else (-1 if kind == W else 0))
-            if kind == B and plan.schedule == "1f1b":
+            if kind == B and one_f_one_b:
                 forced[g] = key
             finished.append((kind, src, j, g[1]))
         assert finished, "list scheduling stalled: no group could start a chunk"
         done += len(finished)
         for kind, src, j, i in finished:
-            here = (executor(src, j, i), i)
             if kind == F:
                 if i < last[src]:
                     nxt = (executor(src, j, i + 1), i + 1)
                     heapq.heappush(ready_f[nxt].setdefault(src, []), j)
                     active[nxt] = None
                 else:
-                    heapq.heappush(ready_bw[here][B - 1], (j, src))
-            elif kind == B:
-                heapq.heappush(ready_bw[here][W - 1], (j, src))
+                    heapq.heappush(ready_bw[(executor(src, j, i), i)][B - 1], (j, src))
+            elif kind == B and not one_f_one_b:
+                heapq.heappush(ready_bw[(executor(src, j, i), i)][W - 1], (j, src))
             if kind == grad_kind and i > 0:
                 up = (executor(src, j, i - 1), i - 1)
                 heapq.heappush(ready_bw[up][B - 1], (j, src))
