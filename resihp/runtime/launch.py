@@ -81,10 +81,25 @@ def _watch_controller(pid: int, period_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="controller-watchdog", daemon=True).start()
 
 
+def exit_after(device: int, results, body) -> None:
+    """Run a worker process's `body()`, report an exception to the controller with its traceback,
+    flush the result queue and exit without interpreter teardown (torch's takes seconds)."""
+    try:
+        body()
+        code = 0
+    except BaseException:
+        results.put(("error", device, traceback.format_exc()))
+        code = 1
+    results.close()
+    results.join_thread()
+    os._exit(code)
+
+
 def _worker_main(plan: Plan, job: JobSpec, device: int, port: int, controller: int, results) -> None:
     """Entry point of one worker process."""
     _watch_controller(controller)
-    try:
+
+    def body() -> None:
         from .groups import build_groups, device_ranks
         from .worker import Worker
 
@@ -111,14 +126,8 @@ def _worker_main(plan: Plan, job: JobSpec, device: int, port: int, controller: i
         groups.destroy()
         dist.destroy_process_group()
         results.put(("done", device, None))
-        code = 0
-    except BaseException:
-        results.put(("error", device, traceback.format_exc()))
-        code = 1
-    # Flush the queue, then skip interpreter teardown (torch's takes seconds per process).
-    results.close()
-    results.join_thread()
-    os._exit(code)
+
+    exit_after(device, results, body)
 
 
 def _fail(by_dev: dict, done: set[int], errors: dict[int, str], results) -> None:

@@ -23,7 +23,6 @@ import gc
 import os
 import pickle
 import time
-import traceback
 from datetime import timedelta
 
 import torch
@@ -32,7 +31,7 @@ import torch.distributed as dist
 from .checkpoint import load_init, save_shard
 from .faults import faults_at
 from .groups import build_groups
-from .launch import PG_TIMEOUT_S, _watch_controller
+from .launch import PG_TIMEOUT_S, _watch_controller, exit_after
 from .snapshot import exchange, holders
 from .transfer import holding_of, transfer
 from .worker import Worker
@@ -54,17 +53,13 @@ def member_main(msg: dict, job, faults, device: int, port: int, controller: int,
     """Process entry point; `msg` is the first generation's {"generation", "plan", "members", "start"}
     (+ "previous": the plan it replaces, for a member that re-joins a running job)."""
     _watch_controller(controller)
-    try:
+
+    def body() -> None:
         torch.set_num_threads(1)
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=PG_TIMEOUT_S))
         _run(msg, job, faults, device, store, results)
-        code = 0
-    except BaseException:
-        results.put(("error", device, traceback.format_exc()))
-        code = 1
-    results.close()
-    results.join_thread()
-    os._exit(code)
+
+    exit_after(device, results, body)
 
 
 def _run(msg: dict, job, faults, device: int, store, results) -> None:
