@@ -1,11 +1,13 @@
 """Live adaptation to a 3x slow device on CPU, and the simulator's prediction of the adapted plan.
 
 Default job (tiny LLaMA, tp 2 x pp 2 x dp 2, 8 gloo workers, 1F1B, 4 micro-batches of 128 tokens
-per replica), three runs on the elastic runtime, one each:
+per replica; `--layout tp1`: tp 1 x pp 2 x dp 4, device 1 then is a whole TP-1 stage), three runs on
+the elastic runtime, one each:
 
 * fault-free (`detect_slow` on, nothing injected: same runtime, same commit protocol);
 * unmitigated: device 1 at speed 1/3 from iteration `--at`, adaptation off;
-* adapted: the same fault, `detect_slow` on: `fail-slow` -> `rebalance_slow` (uneven TP split).
+* adapted: the same fault, `detect_slow` on: `fail-slow` -> the scheduler's plan
+  (`reconfig.replan_after_slow`; `--policy none`: the `rebalance_slow` rule, uneven TP split).
 
 Steady state = the committed iterations from `--skip` iterations after the last replan (adapted)
 or after the fault (unmitigated) to the end; samples/s = samples / Σ iteration time (`time_s`,
@@ -16,9 +18,9 @@ times (F/B wall time including their TP collectives, max over the TP group; `fit
 group and F/B, `chunk_table`: the paper's MTP), gradient sync per group from the measured
 ALLREDUCE (median), P2P from the fast tail (10th percentile) of the measured RECV; the adapted plan's groups
 scale their row by max over TP members of (share of heads and FFN columns x tp / speed); then
-`resihp.sim.pipeline.evaluate`.
+`resihp.sim.pipeline.evaluate` (only for an adapted plan with the same layer cuts and no migration).
 
-    .venv/bin/python benchmarks/runtime_adapt.py [--iterations 40] [--json OUT]
+    .venv/bin/python benchmarks/runtime_adapt.py [--iterations 40] [--layout tp1] [--policy none] [--json OUT]
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from resihp.runtime.train import run_training
 from resihp.sim.pipeline import evaluate
 
 SLOW_DEVICE, SPEED = 1, 1.0 / 3.0
+LAYOUTS = {"tp2": {"tp": 2, "pp": 2, "dp": 2}, "tp1": {"tp": 1, "pp": 2, "dp": 4}}
 
 
 def plan_of(d: dict) -> Plan:
@@ -63,7 +66,9 @@ def plan_of(d: dict) -> Plan:
     )
 
 
-def run(iterations: int, at: int | None, adapt: bool) -> dict:
+def run(
+    iterations: int, at: int | None, adapt: bool, layout: str = "tp2", policy: str | None = "resihp"
+) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         faults = None
         if at is not None:
@@ -72,8 +77,8 @@ def run(iterations: int, at: int | None, adapt: bool) -> dict:
                 f.write(
                     f"[[faults]]\nkind = 'slow'\ndevice = {SLOW_DEVICE}\nat_iter = {at}\nseverity = {SPEED}\n"
                 )
-        config = TrainConfig(iterations=iterations, faults=faults)
-        return run_training(config, progress=False, detect_slow=adapt)
+        config = TrainConfig(iterations=iterations, faults=faults, **LAYOUTS[layout])
+        return run_training(config, progress=False, detect_slow=adapt, policy=policy)
 
 
 def steady(res: dict, first: int) -> dict:
@@ -121,14 +126,18 @@ def calibrate(res: dict, first: int) -> tuple[dict, dict, float]:
     return table, {g: statistics.median(v) for g, v in allreduce.items()}, float(np.percentile(sends, 10))
 
 
-def predict(plan: Plan, base: Plan, table: dict, allreduce: dict, p2p: float, speeds: dict, it: int) -> float:
-    """Predicted iteration time of `plan` (same layer cuts as `base`) at iteration `it`'s batch."""
+def predict(plan: Plan, base: Plan, table: dict, allreduce: dict, p2p: float, speeds: dict, it: int):
+    """Predicted iteration time of `plan` at iteration `it`'s batch; None unless `plan` has the layer
+    cuts of `base` and no migration (only TP re-splits are modelled)."""
     spec, workload = plan.model, TrainConfig().workload()
     chunk = {}
+    if plan.assignment or any(
+        st.layers != old.layers for r, b in zip(plan.replicas, base.replicas) for st, old in zip(r, b)
+    ):
+        return None
     for d, stages in enumerate(plan.replicas):
         for i, st in enumerate(stages):
             old = base.replicas[d][i]
-            assert st.layers == old.layers, "only TP re-splits are modelled"
             scale = max(
                 0.5 * (h / spec.heads + f / spec.ffn) * old.tp / speeds.get(dev, 1.0)
                 for dev, h, f in zip(st.devices, st.tp_split, st.ffn_split)
@@ -152,13 +161,16 @@ def main() -> None:
     ap.add_argument(
         "--skip", type=int, default=3, help="iterations after the fault / replan not in steady state"
     )
+    ap.add_argument("--layout", choices=sorted(LAYOUTS), default="tp2", help="tp1: device 1 is a TP-1 stage")
+    ap.add_argument("--policy", default="resihp", help="scheduler policy of the adapted run; none: the rule")
     ap.add_argument("--json", dest="json_out")
     args = ap.parse_args()
+    policy = None if args.policy == "none" else args.policy
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print("before:", load, flush=True)
-    free = run(args.iterations, None, True)
-    slow = run(args.iterations, args.at, False)
-    adapt = run(args.iterations, args.at, True)
+    free = run(args.iterations, None, True, args.layout, policy)
+    slow = run(args.iterations, args.at, False, args.layout, policy)
+    adapt = run(args.iterations, args.at, True, args.layout, policy)
     print("after: ", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     replans = [e for e in adapt["events"] if e["kind"] == "replan"]
     blamed = [e for e in adapt["events"] if e["kind"] == "fail-slow"]
@@ -172,6 +184,8 @@ def main() -> None:
     final = plan_of(adapt["plans"][-1])
     its = range(s_adapt["from_iter"], args.iterations)
     pred_adapt = [predict(final, plan0, table, allreduce, p2p, {SLOW_DEVICE: SPEED}, it) for it in its]
+    if None in pred_adapt:  # layers moved or micro-batches migrated: not modelled here
+        pred_adapt = [float("nan")] * len(pred_adapt)
     pred_free = [
         predict(plan0, plan0, table, allreduce, p2p, {}, it) for it in range(args.skip, args.iterations)
     ]

@@ -4,6 +4,13 @@
 `link`: transfers between `src` and `dst` take 1/`severity` as long; `rejoin`: a stopped device
 comes back healthy. Times are `at_s` (seconds) or `at_iter` (iteration); `duration_s` ends a
 slow/link fault (omitted = persistent).
+
+Two keys refine a `stop` for the runtime's fault injection (the simulator treats every stop alike):
+`phase` — when in iteration `at_iter` the device fails: "start" (default, before its first
+instruction), "allreduce" (on entering its first gradient all-reduce), "join" (while joining the
+next Plan generation that starts at or after `at_iter`: a second failure during a rebuild); and
+`hang` — true: the process freezes (alive but silent, like a hung GPU or a frozen node) instead
+of exiting.
 """
 
 from __future__ import annotations
@@ -11,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 FAULT_KINDS = ("stop", "slow", "link", "rejoin")
-_FAULT_KEYS = {"kind", "at_s", "at_iter", "device", "src", "dst", "severity", "duration_s"}
+STOP_PHASES = ("start", "allreduce", "join")
+_FAULT_KEYS = {"kind", "at_s", "at_iter", "device", "src", "dst", "severity", "duration_s", "phase", "hang"}
 
 
 @dataclass(frozen=True)
@@ -24,6 +32,8 @@ class FaultSpec:
     dst: int | None = None
     severity: float | None = None
     duration_s: float | None = None
+    phase: str = "start"
+    hang: bool = False
 
     def __post_init__(self) -> None:
         where = f"faults[{self.kind}]"
@@ -63,6 +73,12 @@ class FaultSpec:
             isinstance(self.duration_s, int | float) and self.duration_s > 0
         ):
             raise ValueError(f"faults.duration_s = {self.duration_s!r}: must be a number > 0")
+        if self.phase not in STOP_PHASES:
+            raise ValueError(f"faults.phase = {self.phase!r}: allowed: {', '.join(STOP_PHASES)}")
+        if not isinstance(self.hang, bool):
+            raise ValueError(f"faults.hang = {self.hang!r}: must be true or false")
+        if self.kind != "stop" and (self.phase != "start" or self.hang):
+            raise ValueError(f"{where}: phase and hang apply only to stop faults")
 
     @classmethod
     def from_dict(cls, raw: dict) -> FaultSpec:

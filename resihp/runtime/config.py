@@ -28,6 +28,8 @@ TOML layout (every key optional; defaults = the embedded default job):
     checkpoint_every = 0         # optional: save the committed state every N iterations (0: off)
     checkpoint_dir = "ckpt"      # where (runtime/checkpoint.py); `resihp train --resume DIR`
     snapshots = false            # in-memory peer snapshots: survive losing every replica of a stage
+    link_mb_per_s = 0.0          # nominal P2P bandwidth, MB/s: a block of B bytes takes >= B/bw (0: off)
+    heartbeat_timeout_s = 3.0    # a worker silent this long is hung: killed, then a fail-stop (1 to 60)
 
 A bad key or value raises ValueError naming `section.key`, the value and what is allowed; a plan
 that does not fit the model or the requested workers fails the same way, before any process starts.
@@ -43,6 +45,7 @@ from resihp.core.model_spec import ModelSpec, model_preset
 from resihp.core.plan import SCHEDULES, Plan
 from resihp.core.workload import LENGTH_KINDS, Workload
 
+from .liveness import HEARTBEAT_TIMEOUT_RANGE_S, HEARTBEAT_TIMEOUT_S
 from .reference import OptimConfig
 
 MAX_WORKERS_PER_CORE = 16
@@ -64,6 +67,8 @@ SECTIONS: dict[str, dict[str, str]] = {
         "checkpoint_every": "checkpoint_every",
         "checkpoint_dir": "checkpoint_dir",
         "snapshots": "snapshots",
+        "link_mb_per_s": "link_mb_per_s",
+        "heartbeat_timeout_s": "heartbeat_timeout_s",
     },
 }
 _WHERE = {fld: f"{sec}.{key}" for sec, keys in SECTIONS.items() for key, fld in keys.items()}
@@ -92,6 +97,8 @@ class TrainConfig:
     checkpoint_every: int = 0
     checkpoint_dir: str | None = None
     snapshots: bool = False
+    link_mb_per_s: float = 0.0
+    heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "microbatches", "seq_len", "iterations", "workers"):
@@ -110,6 +117,14 @@ class TrainConfig:
             raise ValueError(f"workload.lengths = {self.lengths!r}: allowed: {', '.join(LENGTH_KINDS)}")
         if not isinstance(self.snapshots, bool):
             raise ValueError(f"run.snapshots = {self.snapshots!r}: must be true or false")
+        v = self.link_mb_per_s
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < float("inf"):
+            raise ValueError(f"run.link_mb_per_s = {v!r}: must be a number >= 0 (MB/s; 0: off)")
+        v, (lo, hi) = self.heartbeat_timeout_s, HEARTBEAT_TIMEOUT_RANGE_S
+        if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
+            raise ValueError(
+                f"run.heartbeat_timeout_s = {v!r}: must be a number of seconds in [{lo:g}, {hi:g}]"
+            )
         if not isinstance(self.timing, bool):
             raise ValueError(f"run.timing = {self.timing!r}: must be true or false")
         if self.trace is not None and not isinstance(self.trace, str):

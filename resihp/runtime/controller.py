@@ -7,19 +7,28 @@ The controller (the calling process) hosts the `TCPStore`, spawns one member pro
   at its STEP; the controller then writes `decision/{g}/{k}` = `commit` (or `next` when a planned
   replan starts at k + 1, after publishing `plan/{g+1}`). The committed history holds each
   iteration exactly once, with the losses of the generation that committed it.
+* Liveness (`liveness.py`): every member beats every 0.25 s; one silent for `heartbeat_timeout_s`
+  is hung (a frozen process, a hung device) and is SIGKILLed — its sockets close, so peers blocked
+  in a collective with it fail at once — and from then on it is a fail-stop (`"cause":
+  "heartbeat"`; a process that exited by itself: `"cause": "exit"`). A member with no first
+  heartbeat within `start_timeout_s` of its spawn fails the job (`WorkerFailed`).
 * Fail-stop: a member process that exited is a `fail-stop` of its device. The controller asks the
   scheduler policy for generation g+1 over the survivors (`reconfig.replan_after_stop`, falling
   back to `shrink_plan`), publishes it, then writes `abort` for
   the iteration in flight: survivors skip its step, join g+1, receive lost shards from a DP peer
   and re-run it. A member that reports a failed collective while no process died, or a member
   error, ends the job with `WorkerFailed` (every child reaped).
+* Join barrier: members of generation g start its gloo rendezvous only once the controller wrote
+  `go/{g}` (every member arrived, alive). A death before that supersedes g (`abort`); a death
+  after it fails the survivors' join (gloo raises, or the short join timeout). Either way the
+  next generation is replanned from, and transfers from, the last generation every survivor
+  joined (`liveness.source_generation`) — a rebuild that failed ran nothing and committed nothing.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
-import queue as queue_mod
 import time
 from collections.abc import Callable
 
@@ -29,10 +38,19 @@ import torch.multiprocessing as mp
 from resihp.core.plan import Plan
 
 from .checkpoint import savers, write_meta
-from .launch import JobSpec, _fail, _gather, _reap
+from .launch import JobSpec, WorkerFailed, _fail, _gather, _reap
+from .liveness import (
+    HEARTBEAT_TIMEOUT_S,
+    START_TIMEOUT_S,
+    Inbox,
+    JoinBarrier,
+    Liveness,
+    go_key,
+    source_generation,
+)
 from .member import decision_key, member_main, plan_key
-from .reconfig import grow_plan, rebalance_slow, replan_after_stop
-from .slowwatch import SlowWatch
+from .reconfig import grow_plan, replan_after_slow, replan_after_stop
+from .slowwatch import SlowWatch, slow_event
 from .snapshot import holders
 from .transfer import source_stages
 
@@ -48,6 +66,8 @@ def launch_elastic(
     on_commit: Callable[[int, Plan, list[dict]], None] | None = None,
     detect_slow: bool = False,
     policy: str | None = "resihp",
+    heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
+    start_timeout_s: float = START_TIMEOUT_S,
 ) -> dict:
     """Run `job` from `plan` (generation 0), switching to each `(iteration, plan)` of `replans` at
     that iteration boundary and recovering from member deaths; returns records, state and events.
@@ -55,10 +75,13 @@ def launch_elastic(
     `on_commit(it, plan, payloads)` is called once per committed iteration with each plan device's
     {"losses", "wall_s"} (device order). The result: {"records": {it: [trace records]}, "state":
     replica -> full state dict of the final plan (with `job.return_state`), "events", "plans",
-    "pids"}. With `detect_slow`, committed iterations' compute timings go to `SlowWatch`; a
-    `fail-slow` report re-splits the slow device's stage (`reconfig.rebalance_slow`) from the next
-    iteration boundary on. After a fail-stop, generation g+1 comes from the scheduler `policy`
-    (`reconfig.replan_after_stop`; None: the explicit `shrink_plan` rule).
+    "pids"}. With `detect_slow`, committed iterations' compute (and, with `job.link_mb_per_s`, P2P
+    transfer) timings go to `SlowWatch`; its new `fail-slow` / `link-slow` reports go to the
+    scheduler `policy` (`reconfig.replan_after_slow`; None or no usable plan: the `rebalance_slow`
+    rule), whose plan runs from the next iteration boundary on. After a fail-stop, generation g+1
+    comes from the `policy` too (`reconfig.replan_after_stop`; None: the `shrink_plan` rule).
+    A member silent for `heartbeat_timeout_s` is killed (then a fail-stop); one with no heartbeat
+    `start_timeout_s` after its spawn fails the job.
     """
     replans = {it: p for it, p in replans}
     rejoins: dict[int, list[int]] = {}
@@ -72,7 +95,7 @@ def launch_elastic(
     gen, cur, it = 0, plan, job.start_iteration
     end = job.start_iteration + job.iterations
     members = set(plan.devices()) | set(plan.standby)
-    msg0 = {"generation": 0, "plan": plan, "members": sorted(members), "start": it}
+    msg0 = {"generation": 0, "plan": plan, "members": sorted(members), "start": it, "source": None}
     by_dev, records, shards, events, plans = {}, {}, {}, [], [plan]
     reached: dict[int, dict] = {}
     joined: dict[int, list[dict]] = {}
@@ -80,16 +103,28 @@ def launch_elastic(
     stopping: dict[int, float] = {}
     recovery: dict | None = None
     abort_since = None
-    watch = SlowWatch(job.start_iteration) if detect_slow and job.timing else None
-    blamed: set[tuple[int, int]] = set()  # (generation, device) already reported slow
-    speeds: dict[int, float] = {}  # device -> compound speed estimate from fail-slow reports
+    watch = None
+    if detect_slow and job.timing:
+        watch = SlowWatch(links=job.link_mb_per_s > 0)
+    why: dict[int, tuple[str, int]] = {}  # iteration -> (reason, generation) of a fail-slow replan
     saved: dict[int, set[int]] = {}  # checkpoint iteration -> devices that wrote their shards
+    liveness = Liveness(heartbeat_timeout_s, start_timeout_s)
+    inbox = Inbox(results, liveness)
+    barrier = JoinBarrier()
+    barrier.open(0, members)
+    joined_devs: dict[int, set[int]] = {}  # generation -> members that completed its join
+    bodies: dict[int, dict] = {0: msg0}
+    killed: dict[int, str] = {}  # device -> why the controller killed it
+    aborts: dict[int, str] = {}  # device -> its failed collective, in the current generation
 
-    def publish(new: Plan, start: int, reason: str = "planned") -> None:
+    def publish(new: Plan, start: int, reason: str = "planned", source: tuple | None = None) -> None:
+        """Generation g+1; `source`: (generation, plan) whose held state the members transfer from."""
         nonlocal gen, cur
         gen, cur = gen + 1, new.with_changes(generation=gen + 1)
         plans.append(cur)
-        body = {"generation": gen, "plan": cur, "members": sorted(members), "start": start}
+        body = {"generation": gen, "plan": cur, "members": sorted(members), "start": start, "source": source}
+        bodies[gen] = body
+        barrier.open(gen, members)
         store.set(plan_key(gen), pickle.dumps(body))
         events.append(
             {"iter": start, "kind": "replan", "generation": gen, "devices": cur.devices(), "reason": reason}
@@ -102,16 +137,40 @@ def launch_elastic(
         by_dev[dev] = ctx.Process(target=member_main, args=args, daemon=True)
         by_dev[dev].start()
         procs.append(by_dev[dev])
+        liveness.spawn(dev, time.monotonic())
+        stopping.pop(dev, None)
+        killed.pop(dev, None)
+        for got in joined_devs.values():  # a fresh process holds nothing of earlier generations
+            got.discard(dev)
+
+    def check_alive() -> None:
+        """Kill members silent for longer than the heartbeat timeout (they become fail-stops); fail
+        the job when a spawned member never sent its first heartbeat."""
+        now = time.monotonic()
+        for d in liveness.hung(now):
+            if d in members and d not in done and by_dev[d].exitcode is None:
+                by_dev[d].kill()  # SIGKILL works on a stopped process too; its sockets close
+                by_dev[d].join(5.0)
+                killed[d] = "heartbeat"
+                stopping.setdefault(d, time.time() - (now - liveness.last[d]))  # silent since
+            liveness.forget(d)
+        late = [d for d in liveness.unstarted(now) if by_dev[d].exitcode is None]
+        if late:
+            raise WorkerFailed(
+                "\n".join(
+                    f"worker of device {d} sent no heartbeat within {start_timeout_s:g} s" for d in late
+                ),
+                late,
+                [p.pid for p in procs],
+            )
 
     try:
         for dev in sorted(members):
             spawn(dev, msg0)
         finished = False
         while not (finished and done >= members):
-            try:
-                kind, dev, payload = results.get(timeout=0.05)
-            except queue_mod.Empty:
-                kind = None
+            kind, dev, payload = inbox.get(0.05) or (None, None, None)
+            check_alive()
             # exit code 0: a member that finished; its "done" may still be in the queue
             dead = sorted(d for d in members if d not in done and by_dev[d].exitcode not in (None, 0))
             if dead and not finished:
@@ -120,41 +179,73 @@ def launch_elastic(
                 dead = sorted(d for d in members if d not in done and by_dev[d].exitcode not in (None, 0))
                 members -= set(dead)
                 for d in dead:
-                    events.append({"iter": it, "kind": "fail-stop", "devices": [d]})
+                    liveness.forget(d)
+                    events.append(
+                        {"iter": it, "kind": "fail-stop", "devices": [d], "cause": killed.get(d, "exit")}
+                    )
                 t0 = time.perf_counter()
+                # the state survivors hold: of cur, or of an earlier generation when cur's rebuild failed
+                src = source_generation([p.devices() for p in plans], joined_devs, members)
+                base = plans[0] if src is None else plans[src]
                 try:
-                    source_stages(cur, members)
-                except ValueError:  # a stage lost every replica: its snapshots, else ValueError
+                    if src is not None:  # (None: nothing joined yet, start from the seed / checkpoint)
+                        source_stages(base, members)
+                except ValueError as e:  # a stage lost every replica: its snapshots, else WorkerFailed
                     if not job.snapshots:
-                        raise
-                    hold = holders(cur)
-                    source_stages(cur, members, hold)
-                    lost = sorted(d for d in cur.devices() if d not in members)
+                        raise WorkerFailed(
+                            f"devices {dead} stopped at iteration {it} and the job cannot go on: {e} "
+                            "(run.snapshots = true keeps an in-memory copy of every stage on a peer)",
+                            dead,
+                            [p.pid for p in procs],
+                        ) from None
+                    hold = holders(base)
+                    source_stages(base, members, hold)
+                    lost = sorted(d for d in base.devices() if d not in members)
                     used = sorted({hold[d] for d in lost if d in hold})
                     events.append({"iter": it, "kind": "snapshot-restore", "devices": used, "lost": lost})
                 new, reason = replan_after_stop(
-                    plan, cur, members, gen + 1, job.workload, policy, absorb=job.snapshots
+                    plan, base, members, gen + 1, job.workload, policy, absorb=job.snapshots
                 )
                 plan_s = time.perf_counter() - t0
-                publish(new, it, reason)
+                publish(new, it, reason, None if src is None else (src, base))
+                for g_old in barrier.supersede(gen):  # generations still before their rendezvous
+                    store.set(go_key(g_old), "abort")
                 store.set(decision_key(gen - 1, it), "abort")
-                reached, abort_since = {}, None
+                reached, abort_since, aborts = {}, None, {}
                 t_stop = min((stopping.get(d, t_detect) for d in dead), default=t_detect)
-                recovery = {"t_stop": t_stop, "detect_s": t_detect - t_stop, "plan_s": plan_s, "gen": gen}
+                first = t_stop if recovery is None else min(t_stop, recovery["t_stop"])  # not recovered yet
+                recovery = {"t_stop": first, "detect_s": t_detect - t_stop, "plan_s": plan_s, "gen": gen}
             elif dead:
                 _fail(by_dev, done, {}, results)
             if abort_since is not None and time.monotonic() - abort_since > ABORT_GRACE_S:
-                _fail(by_dev, done, {}, results)
+                _fail(
+                    by_dev,
+                    done,
+                    {d: f"reported a failed collective, no process died: {e}" for d, e in aborts.items()},
+                    results,
+                )
+            if (
+                not finished
+                and barrier.ready(gen)
+                and all(by_dev[d].exitcode is None for d in barrier.expected[gen])
+            ):
+                store.set(go_key(gen), "go")  # every member of gen is at its rendezvous, alive
+                barrier.decide(gen, "go")
             if kind == "error":
-                _fail(by_dev, done, {dev: payload}, results)
+                errors = {d: p for k, d, p in inbox.pending if k == "error"}  # read, not yet handled
+                _fail(by_dev, done, {**errors, dev: payload}, results)
             elif kind == "stopping":
                 stopping[dev] = payload["time"]
-            elif kind == "abort" and payload["generation"] == gen and abort_since is None:
-                abort_since = time.monotonic()
+            elif kind == "joining":
+                barrier.arrive(payload["generation"], dev)
+            elif kind == "abort" and payload["generation"] == gen:
+                aborts[dev] = payload["error"]
+                abort_since = abort_since or time.monotonic()
             elif kind == "joined":
+                joined_devs.setdefault(payload["generation"], set()).add(dev)
                 got = joined.setdefault(payload["generation"], [])
                 got.append(payload)
-                if len(got) == len(members) and payload["generation"] > 0:
+                if len(got) == len(barrier.expected[payload["generation"]]) and payload["generation"] > 0:
                     events.append(
                         {
                             "iter": it,
@@ -167,6 +258,8 @@ def launch_elastic(
             elif kind == "reached" and payload["generation"] == gen:
                 reached[dev] = payload
                 if set(reached) == set(cur.devices()):
+                    if it + 1 in why and why[it + 1][1] != gen:  # decided before a fail-stop: stale
+                        del replans[it + 1], why[it + 1]
                     nxt = replans.get(it + 1)
                     joiners = [d for d in rejoins.get(it + 1, []) if d not in members]
                     if joiners:  # fresh processes for re-joining devices; the plan grows back
@@ -174,16 +267,9 @@ def launch_elastic(
                         nxt = grow_plan(plan, nxt or cur, members, gen + 1)
                         events.append({"iter": it + 1, "kind": "rejoin", "devices": joiners})
                     if nxt is not None:
-                        previous = cur
-                        publish(nxt, it + 1)
+                        publish(nxt, it + 1, why.pop(it + 1, ("planned",))[0], (gen, cur))
                         for d in joiners:
-                            body = {
-                                "generation": gen,
-                                "plan": cur,
-                                "members": sorted(members),
-                                "start": it + 1,
-                            }
-                            spawn(d, {**body, "previous": previous})
+                            spawn(d, bodies[gen])
                     store.set(decision_key(gen - (nxt is not None), it), "commit" if nxt is None else "next")
                     payloads = [reached[d] for d in sorted(reached)]
                     if on_commit is not None:
@@ -200,23 +286,19 @@ def launch_elastic(
                 got[dev] = payload
                 g_rec = payload["generation"]
                 if watch is not None and len(got) == len(plans[g_rec].devices()):
-                    for rep in watch.observe(payload["iter"], g_rec, [got[d] for d in sorted(got)]):
-                        bad = rep.devices[0]
-                        if (g_rec, bad) in blamed or g_rec != gen:
-                            continue
-                        blamed.add((g_rec, bad))
-                        events.append(
-                            {
-                                "iter": payload["iter"],
-                                "kind": "fail-slow",
-                                "devices": [bad],
-                                "severity": rep.severity,
-                            }
+                    found = watch.observe(payload["iter"], g_rec, [got[d] for d in sorted(got)])
+                    found = watch.admit(g_rec, found) if g_rec == gen else []
+                    if found:  # the scheduler decides (reconfig.replan_after_slow), from it + 1
+                        known = (watch.speeds, watch.link_factors)
+                        new, reason = replan_after_slow(
+                            plan, cur, members, gen + 1, job.workload, policy, *known, found
                         )
-                        speeds[bad] = speeds.get(bad, 1.0) * rep.severity  # relative to gen's baseline
-                        new = rebalance_slow(cur, bad, rep.severity, gen + 1, speeds)
-                        if new is not None and it + 1 < end and it + 1 not in replans:
-                            replans[it + 1] = new
+                        if new is not None and it + 1 < end and (it + 1 not in replans or it + 1 in why):
+                            replans[it + 1], why[it + 1] = new, (reason, gen)  # a later report re-decides
+                            reason = f"replan at iteration {it + 1}: {reason}"
+                        elif new is not None:
+                            reason = f"no replan (the run ends or another replan is due): {reason}"
+                        events.extend(slow_event(r, reason) for r in found)
             elif kind == "saved":  # a checkpoint is complete once every saver of its plan wrote
                 got = saved.setdefault(payload["iter"], set())
                 got.add(dev)
@@ -228,6 +310,7 @@ def launch_elastic(
                 shards[dev] = payload
             elif kind == "done":
                 done.add(dev)
+                liveness.forget(dev)
         for p in procs:
             p.join(10.0)
     finally:

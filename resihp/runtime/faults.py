@@ -3,11 +3,14 @@
 A faults TOML holds `[[faults]]` tables (`resihp.core.faults.FaultSpec` keys). The runtime applies
 them at the start of iteration `at_iter`, on the device's worker:
 
-* `stop`: the worker exits hard (`os._exit`) before running that iteration;
+* `stop`: the worker exits hard (`os._exit`) before running that iteration (`phase = "start"`), on
+  entering its gradient all-reduce (`"allreduce"`), or while joining the next generation
+  (`"join"`); with `hang = true` it freezes instead (SIGSTOP: alive but silent);
 * `slow` (severity p): every compute instruction (F/B/W) sleeps t·(1/p − 1) after measuring its
   compute-only time t, from that iteration on (`duration_s` is not supported: persistent);
-* `link` (severity f): a P2P receive between `src` and `dst` (either direction) sleeps
-  t·(1/f − 1) after measuring its time t — the transfer takes 1/f as long;
+* `link` (severity f): a P2P block between `src` and `dst` (either direction) takes 1/f of its
+  transfer time, max(measured, bytes / `run.link_mb_per_s`), counted from when both ends were ready
+  (`worker.Worker._transfer`);
 * `rejoin`: the controller starts a fresh worker process for the (stopped) device, which joins
   at that iteration boundary; the plan grows back (`reconfig.grow_plan`).
 
@@ -82,16 +85,32 @@ def validate_faults(faults: Iterable[FaultSpec], devices: Iterable[int]) -> tupl
     return faults
 
 
-def faults_at(faults: Iterable[FaultSpec], device: int, it: int) -> tuple[bool, float, dict[int, float]]:
-    """(stop now, compute speed p, {peer device: link factor f}) for `device` at iteration `it`."""
-    stop, slow, link = False, 1.0, {}
+def faults_at(
+    faults: Iterable[FaultSpec], device: int, it: int
+) -> tuple[FaultSpec | None, float, dict[int, float]]:
+    """(the `stop` fault of iteration `it` (phase start or allreduce) or None, compute speed p,
+    {peer device: link factor f}) for `device` at iteration `it`."""
+    stop, slow, link = None, 1.0, {}
     for f in faults:
         if f.at_iter > it or device not in f.devices:
             continue
-        if f.kind == "stop" and f.at_iter == it:
-            stop = True
+        if f.kind == "stop" and f.at_iter == it and f.phase != "join":
+            stop = f
         elif f.kind == "slow":
             slow = float(f.severity)
         elif f.kind == "link":
             link[f.dst if device == f.src else f.src] = float(f.severity)
     return stop, slow, link
+
+
+def join_stop(faults: Iterable[FaultSpec], device: int, start: int) -> FaultSpec | None:
+    """The `stop` fault with phase "join" that hits `device` while it joins a generation starting at
+    iteration `start` (the first generation it joins at or after the fault's `at_iter`; a fresh
+    process of a device that re-joined since is not hit again), or None."""
+    faults = tuple(faults)
+    rejoins = [f.at_iter for f in faults if f.kind == "rejoin" and f.device == device and f.at_iter <= start]
+    back = max(rejoins, default=-1)
+    for f in faults:
+        if f.kind == "stop" and f.phase == "join" and f.device == device and back < f.at_iter <= start:
+            return f
+    return None

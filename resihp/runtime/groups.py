@@ -23,6 +23,7 @@ changes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch.distributed as dist
 
@@ -106,6 +107,12 @@ class Groups:
         """Global rank of TP rank `tp_rank` of (replica, stage)."""
         return self.ranks[self.plan.replicas[replica][stage].devices[tp_rank]]
 
+    def set_timeout(self, timeout: timedelta) -> None:
+        """Set the operation timeout of every group this object created (they were built with the
+        short rendezvous timeout of a generation change, `member.JOIN_TIMEOUT_S`)."""
+        for pg in self._owned:
+            dist.distributed_c10d._set_pg_timeout(timeout, pg)
+
     def destroy(self) -> None:
         """Destroy every group this object created (call on every rank, before the next generation)."""
         for pg in self._owned:
@@ -115,8 +122,11 @@ class Groups:
         self.segments = []
 
 
-def build_groups(plan: Plan, device: int, ranks: dict[int, int] | None = None) -> Groups:
+def build_groups(
+    plan: Plan, device: int, ranks: dict[int, int] | None = None, timeout: timedelta | None = None
+) -> Groups:
     """All groups of `device` under `plan`; must be called by every rank of the world together.
+    `timeout` bounds each group's rendezvous and operations (default: torch's, 30 min for gloo).
 
     `ranks` (default `device_ranks(plan)`): device -> global rank when the world also holds devices
     outside the plan (standby workers of the elastic runtime); such a device creates every group
@@ -126,14 +136,14 @@ def build_groups(plan: Plan, device: int, ranks: dict[int, int] | None = None) -
     where = plan.stage_of(device)
     if where is None:
         for devs in _group_device_sets(plan):
-            dist.new_group([ranks[x] for x in devs])
+            dist.new_group([ranks[x] for x in devs], timeout=timeout)
         return Groups(plan=plan, device=device, ranks=ranks, tp_group=None, tp_rank=-1)
     d, i = where
     stage = plan.replicas[d][i]
     made: dict[tuple[int, ...], object] = {}
     owned = []
     for devs in _group_device_sets(plan):
-        pg = dist.new_group([ranks[x] for x in devs])
+        pg = dist.new_group([ranks[x] for x in devs], timeout=timeout)
         if device in devs:
             made[devs] = pg
             owned.append(pg)

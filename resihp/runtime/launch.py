@@ -1,27 +1,22 @@
-"""Controller side of a local job: host the c10d TCPStore, spawn one worker process per device, collect.
+"""Process plumbing of a local job, shared by the controller (`controller.py`) and its members.
 
-The controller (the calling process) owns the `TCPStore` on 127.0.0.1 (free port), so no worker's
-death takes the store down. Workers are `spawn`ed daemon processes; each joins the gloo world of
-generation g through `PrefixStore(f"gen{g}", store)`, builds its `Groups`, runs its iterations and
-streams one record per iteration back over a queue. Any worker error or death kills every child
-and raises `RuntimeError` naming the device and carrying its traceback; on every exit path all
-children are reaped (no orphans).
+`JobSpec` is what every worker needs besides the Plan; `WorkerFailed` is the error of a job that
+cannot go on (every child reaped when it propagates); `exit_after` is a worker process's one exit
+path; `_watch_controller` makes a worker exit when the controller is gone; `_fail` / `_reap` /
+`_gather` / `alive` are the controller's helpers for blaming, reaping and collecting workers.
 """
 
 from __future__ import annotations
 
 import os
 import queue as queue_mod
+import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan
@@ -46,9 +41,7 @@ class JobSpec:
     timing: bool = True
     return_state: bool = False
     p2p: str = "root"  # "root" | "chunked": how SEND/RECV cross TP groups (worker.py)
-    # (device, iteration): the worker exits hard (no message) before running that iteration —
-    # the `stop` fault of the FaultSpec vocabulary, for tests of failure handling.
-    stop_at: tuple[tuple[int, int], ...] = ()
+    link_mb_per_s: float = 0.0  # nominal P2P bandwidth of the link model (worker._transfer); 0: off
     # Elastic runtime only (checkpoint.py): save the committed state every `checkpoint_every`
     # iterations into `checkpoint_dir`; `resume`: a checkpoint directory to start from (then
     # `start_iteration` is its iteration, and the optimizer step count is absolute).
@@ -95,41 +88,6 @@ def exit_after(device: int, results, body) -> None:
     os._exit(code)
 
 
-def _worker_main(plan: Plan, job: JobSpec, device: int, port: int, controller: int, results) -> None:
-    """Entry point of one worker process."""
-    _watch_controller(controller)
-
-    def body() -> None:
-        from .groups import build_groups, device_ranks
-        from .worker import Worker
-
-        torch.set_num_threads(1)
-        ranks = device_ranks(plan)
-        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=PG_TIMEOUT_S))
-        dist.init_process_group(
-            "gloo",
-            store=dist.PrefixStore(f"gen{plan.generation}", store),
-            rank=ranks[device],
-            world_size=len(ranks),
-            timeout=timedelta(seconds=PG_TIMEOUT_S),
-        )
-        groups = build_groups(plan, device)
-        worker = Worker(plan, device, groups, job)
-        for it in range(job.start_iteration, job.start_iteration + job.iterations):
-            if (device, it) in job.stop_at:
-                results.close()
-                results.join_thread()
-                os._exit(1)
-            results.put(("iter", device, worker.run_iteration(it)))
-        if job.return_state:
-            results.put(("state", device, worker.state_numpy()))
-        groups.destroy()
-        dist.destroy_process_group()
-        results.put(("done", device, None))
-
-    exit_after(device, results, body)
-
-
 def _fail(by_dev: dict, done: set[int], errors: dict[int, str], results) -> None:
     """Raise WorkerFailed blaming, first, workers that died without a word (the likely root cause:
     their peers' collectives then fail with "connection closed"), then those that raised."""
@@ -153,76 +111,13 @@ def _reap(procs: list) -> None:
     for p in procs:
         if p.is_alive():
             p.terminate()
+            os.kill(p.pid, signal.SIGCONT)  # a frozen (SIGSTOPped) child acts on SIGTERM once continued
     deadline = time.monotonic() + 5.0
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
         if p.is_alive():
             p.kill()
             p.join()
-
-
-def launch(
-    plan: Plan,
-    job: JobSpec,
-    on_iteration: Callable[[int, list[dict]], None] | None = None,
-) -> dict:
-    """Run `job` under `plan` on one local process per device; returns {"records", "state"}.
-
-    `records[it]` lists every device's trace record of iteration `it` (device order);
-    `on_iteration(it, records)` is called as soon as all of them arrived. `state` (with
-    `job.return_state`) maps replica -> full state dict gathered from that replica's shards.
-    """
-    devices = plan.devices()
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    ctx = mp.get_context("forkserver")
-    # Workers fork from a server that has already imported torch and the modules torch imports
-    # lazily on the first forward/backward/optimizer step (torch._dynamo, sympy): start-up drops
-    # from ~20 s to a few seconds for 8 workers on 2 cores.
-    ctx.set_forkserver_preload(["resihp.runtime.worker", "torch._dynamo"])
-    results = ctx.Queue()
-    procs = []
-    pending: dict[int, dict[int, dict]] = {}
-    records: dict[int, list[dict]] = {}
-    shards: dict[int, dict] = {}
-    done: set[int] = set()
-    try:
-        for dev in devices:
-            p = ctx.Process(
-                target=_worker_main, args=(plan, job, dev, store.port, os.getpid(), results), daemon=True
-            )
-            p.start()
-            procs.append(p)
-        by_dev = dict(zip(devices, procs))
-        while len(done) < len(devices):
-            try:
-                kind, dev, payload = results.get(timeout=0.5)
-            except queue_mod.Empty:
-                if any(d not in done and p.exitcode is not None for d, p in by_dev.items()):
-                    _fail(by_dev, done, {}, results)
-                continue
-            if kind == "error":
-                _fail(by_dev, done, {dev: payload}, results)
-            if kind == "iter":
-                got = pending.setdefault(payload["iter"], {})
-                got[dev] = payload
-                if len(got) == len(devices):
-                    it = payload["iter"]
-                    records[it] = [got[d] for d in devices]
-                    del pending[it]
-                    if on_iteration is not None:
-                        on_iteration(it, records[it])
-            elif kind == "state":
-                shards[dev] = payload
-            else:
-                done.add(dev)
-        for p in procs:
-            p.join(10.0)
-    finally:
-        _reap(procs)
-        results.close()
-        del store
-    state = _gather(plan, shards) if job.return_state else {}
-    return {"records": records, "state": state, "pids": [p.pid for p in procs]}
 
 
 def _gather(plan: Plan, shards: dict[int, dict]) -> dict[int, dict[str, torch.Tensor]]:

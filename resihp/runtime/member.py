@@ -10,6 +10,19 @@ controller's decision `decision/{g}/{k}` in the store:
 * `next`: apply the step, then leave g for the Plan the controller published as `plan/{g+1}`;
 * `abort`: a member died; skip the step (the state stays the one committed at k − 1) and join g+1.
 
+Joining g: the member reports `joining` and waits on the store key `go/{g}` (`liveness.JoinBarrier`):
+the controller writes `go` once every member of g arrived, or `abort` when a member died first, so a
+death between generations never reaches gloo. After `go` the rendezvous and group building run
+with a short timeout (`JOIN_TIMEOUT_S`); a join that fails there or in the state transfer (a peer
+died or hung during the rebuild: gloo raises, at once for a closed socket) is torn down like a
+generation, reported as `abort`, and the member waits for g+1. A member keeps the state it held
+when it left each generation it joined (`held`), so g+1 can transfer from the last generation every
+survivor joined (the message's `source`), even when g itself never ran an iteration.
+
+Every member process beats: a daemon thread puts ("heartbeat", device, ...) on the results queue
+every `HEARTBEAT_S` (`start_heartbeat`), whatever the main thread waits for; a frozen process
+goes silent and the controller kills it (`liveness.Liveness`).
+
 A collective that fails because a peer died raises RuntimeError; the member reports `abort` and
 leaves at once. Leaving drops every reference to the generation's process groups and destroys
 them, which closes their sockets, so peers blocked on *this* member fail in turn — the failure
@@ -22,6 +35,8 @@ from __future__ import annotations
 import gc
 import os
 import pickle
+import signal
+import threading
 import time
 from datetime import timedelta
 
@@ -29,12 +44,15 @@ import torch
 import torch.distributed as dist
 
 from .checkpoint import load_init, save_shard
-from .faults import faults_at
+from .faults import faults_at, join_stop
 from .groups import build_groups
 from .launch import PG_TIMEOUT_S, _watch_controller, exit_after
+from .liveness import HEARTBEAT_S, go_key
 from .snapshot import exchange, holders
 from .transfer import holding_of, transfer
 from .worker import Worker
+
+JOIN_TIMEOUT_S = 10.0  # rendezvous + group building of a generation, once every member is at `go`
 
 
 class Aborted(Exception):
@@ -50,79 +68,161 @@ def decision_key(generation: int, it: int) -> str:
 
 
 def member_main(msg: dict, job, faults, device: int, port: int, controller: int, results) -> None:
-    """Process entry point; `msg` is the first generation's {"generation", "plan", "members", "start"}
-    (+ "previous": the plan it replaces, for a member that re-joins a running job)."""
+    """Process entry point; `msg` is the first generation's {"generation", "plan", "members", "start",
+    "source"} (a member that re-joins a running job starts in generation g > 0; it holds nothing of
+    `source` but takes part in its transfer)."""
     _watch_controller(controller)
+    # The modules preloaded by the forkserver (torch, ...) are millions of objects: a full
+    # collection over them holds the GIL for 0.1-1 s, which silences the heartbeat thread; frozen,
+    # they are never scanned, and `gc.collect()` at a generation change takes milliseconds.
+    gc.freeze()
+    quiet = start_heartbeat(device, results)
 
     def body() -> None:
         torch.set_num_threads(1)
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=PG_TIMEOUT_S))
-        _run(msg, job, faults, device, store, results)
+        _run(msg, job, faults, device, store, results, quiet)
 
     exit_after(device, results, body)
 
 
-def _run(msg: dict, job, faults, device: int, store, results) -> None:
+def start_heartbeat(device: int, results, period_s: float = HEARTBEAT_S) -> threading.Event:
+    """Put ("heartbeat", device, {"time"}) on `results` every `period_s` from a daemon thread, until
+    the returned Event is set or the queue is closed (the process is exiting)."""
+    quiet = threading.Event()
+
+    def beat() -> None:
+        while not quiet.is_set():
+            try:
+                results.put(("heartbeat", device, {"time": time.time()}))
+            except (ValueError, OSError):  # closed by exit_after / fail_now
+                return
+            quiet.wait(period_s)
+
+    threading.Thread(target=beat, name="heartbeat", daemon=True).start()
+    return quiet
+
+
+def _wait_key(store, key: str) -> bytes:
+    """The value of `key` once the controller writes it, however long that takes (a standby member
+    may wait a whole run for the next generation); the controller watchdog ends an orphan."""
+    while True:
+        try:
+            store.wait([key], timedelta(seconds=PG_TIMEOUT_S))
+            return store.get(key)
+        except dist.DistStoreError:
+            continue
+
+
+def _teardown() -> None:
+    """Destroy this generation's default group (the caller dropped every reference to its groups,
+    so their sockets close now and peers still blocked on this member fail at once)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    gc.collect()
+
+
+def _run(msg: dict, job, faults, device: int, store, results, quiet: threading.Event) -> None:
     end = job.start_iteration + job.iterations
-    old, holding = msg.get("previous"), None  # a re-joining member starts in generation g > 0
+    # generation -> (Holding or None, snapshots): the committed state this member left it with
+    held: dict[int, tuple] = {}
     teardown_s = 0.0  # leaving the previous generation: holding copy, group destruction
-    first = msg["generation"]
-    snaps: dict = {}  # snapshot.py: the committed shards this device keeps for its buddies
     while msg is not None:
         g, plan, it = msg["generation"], msg["plan"], msg["start"]
+        source = msg["source"]  # (generation, plan) whose held state g starts from; None: seed/checkpoint
+        for k in [k for k in held if source is None or k < source[0]]:
+            del held[k]  # never a transfer source again (`liveness.source_generation` is monotone)
+        results.put(("joining", device, {"generation": g}))
+        if _wait_key(store, go_key(g)).decode() == "abort":  # superseded before its rendezvous
+            msg = pickle.loads(_wait_key(store, plan_key(g + 1)))
+            continue
         ranks = {d: r for r, d in enumerate(sorted(msg["members"]))}
+        worker = groups = init = None
+        snaps: dict = {}  # snapshot.py: the committed shards this device keeps for its buddies
+        failed = None
         t0 = time.perf_counter()
-        dist.init_process_group(
-            "gloo",
-            store=dist.PrefixStore(f"gen{g}", store),
-            rank=ranks[device],
-            world_size=len(ranks),
-            timeout=timedelta(seconds=PG_TIMEOUT_S),
-        )
-        groups = build_groups(plan, device, ranks)
-        t1 = time.perf_counter()
-        steps = it if job.resume else it - job.start_iteration  # committed optimizer steps
-        if old is not None:
-            hold = holders(old) if job.snapshots else None
-            init = transfer(old, holding, plan, device, ranks, steps, snaps, hold)
-        elif job.resume and g == first:  # a whole-job restart: state from the checkpoint
-            init = load_init(job.resume, plan, device)
-        else:
-            init = None
-        t2 = time.perf_counter()
-        old = holding = None
-        worker = None if plan.stage_of(device) is None else Worker(plan, device, groups, job, init)
-        snaps = {}  # snapshots of the old plan are stale now; plan devices refresh them at once
-        if worker is not None and job.snapshots:
-            snaps.update(exchange(plan, device, ranks, holding_of(worker)))
+        try:
+            short = timedelta(seconds=JOIN_TIMEOUT_S)
+            dist.init_process_group(
+                "gloo",
+                store=dist.PrefixStore(f"gen{g}", store),
+                rank=ranks[device],
+                world_size=len(ranks),
+                timeout=short,
+            )
+            groups = build_groups(plan, device, ranks, timeout=short)
+            stop = join_stop(faults, device, it)
+            if stop is not None:  # the injected death (or hang) during a rebuild
+                fail_now(stop, device, it, results, quiet)
+            t1 = time.perf_counter()
+            steps = it if job.resume else it - job.start_iteration  # committed optimizer steps
+            if source is not None:
+                holding, old_snaps = held.get(source[0], (None, {}))
+                hold = holders(source[1]) if job.snapshots else None
+                init = transfer(source[1], holding, plan, device, ranks, steps, old_snaps, hold)
+            elif job.resume:  # a whole-job restart: state from the checkpoint
+                init = load_init(job.resume, plan, device)
+            t2 = time.perf_counter()
+            worker = None if plan.stage_of(device) is None else Worker(plan, device, groups, job, init)
+            if worker is not None and job.snapshots:
+                snaps.update(exchange(plan, device, ranks, holding_of(worker)))
+            long = timedelta(seconds=PG_TIMEOUT_S)  # heartbeats, not this, catch a hung peer
+            dist.distributed_c10d._set_pg_timeout(long)
+            groups.set_timeout(long)
+        except RuntimeError as e:  # a peer died or hung during the rebuild (gloo raised or timed out)
+            failed = f"join: {type(e).__name__}: {e}"[:300]
+        if failed is not None:  # outside the except block: its traceback holds the groups too
+            worker = groups = init = None
+            _teardown()
+            results.put(("abort", device, {"generation": g, "iter": it, "error": failed}))
+            msg = pickle.loads(_wait_key(store, plan_key(g + 1)))
+            continue
+        init = None
         timing = {"group_s": t1 - t0, "transfer_s": t2 - t1, "build_s": time.perf_counter() - t2}
         results.put(("joined", device, {"generation": g, "teardown_s": teardown_s, **timing}))
         leave = (
             "standby"
             if worker is None
-            else _iterate(worker, g, it, end, faults, store, results, ranks, snaps)
+            else _iterate(worker, g, it, end, faults, store, results, ranks, snaps, quiet)
         )
         t_left = time.perf_counter()
-        old = plan  # a standby member holds nothing but still takes part in the next transfer
-        if leave in ("next", "abort"):
-            holding = holding_of(worker)
-        elif leave == "end" and job.return_state:
+        if leave != "end":  # a standby member holds nothing but still takes part in the next transfer
+            held[g] = (None if worker is None else holding_of(worker), snaps)
+        elif job.return_state:
             results.put(("state", device, worker.state_numpy()))
         # Drop every reference to this generation's groups before destroying them: the sockets
         # close, and peers still blocked on this member fail at once (the abort cascade).
-        worker = groups = init = None
-        dist.destroy_process_group()
-        gc.collect()
+        worker = groups = None
+        _teardown()
         teardown_s = time.perf_counter() - t_left
         if leave == "end":
             break
-        msg = pickle.loads(store.get(plan_key(g + 1)))
+        msg = pickle.loads(_wait_key(store, plan_key(g + 1)))
     results.put(("done", device, None))
 
 
-def _iterate(worker: Worker, g: int, it: int, end: int, faults, store, results, ranks, snaps: dict) -> str:
+def fail_now(fault, device: int, it: int, results, quiet: threading.Event | None = None) -> None:
+    """Carry out an injected `stop`: say when (for the recovery measurement), then exit hard like a
+    crashed process, or, with `hang`, freeze (SIGSTOP: alive but silent, like a hung device).
+    `quiet` stops the heartbeat thread first: frozen mid-write, a process would keep the queue's
+    cross-process write lock and silence every member."""
+    results.put(("stopping", device, {"iter": it, "time": time.time(), "hang": fault.hang}))
+    if quiet is not None:
+        quiet.set()
+    if fault.hang:
+        time.sleep(0.2)  # let the queue's feeder thread deliver the message first
+        os.kill(os.getpid(), signal.SIGSTOP)
+    results.close()
+    results.join_thread()
+    os._exit(1)
+
+
+def _iterate(
+    worker: Worker, g: int, it: int, end: int, faults, store, results, ranks, snaps: dict, quiet=None
+) -> str:
     """Run and commit iterations from `it`; returns why the generation ends: next | abort | end.
-    With `job.snapshots`, `snaps` is refreshed after every committed step (`snapshot.exchange`)."""
+    With `job.snapshots`, `snaps` is refreshed after every committed step (`snapshot.exchange`).
+    `quiet`: the heartbeat's off switch, for an injected stop."""
     device, decision = worker.device, {}
 
     def before_step(k: int, losses: list, wall_s: float) -> None:
@@ -135,11 +235,11 @@ def _iterate(worker: Worker, g: int, it: int, end: int, faults, store, results, 
     worker.before_step = before_step
     while it < end:
         stop, worker.slow, worker.link = faults_at(faults, device, it)
-        if stop:  # the `stop` fault: exit hard, like a crashed process, after saying when
-            results.put(("stopping", device, {"iter": it, "time": time.time()}))
-            results.close()
-            results.join_thread()
-            os._exit(1)
+        if stop is not None and stop.phase == "start":
+            fail_now(stop, device, it, results, quiet)
+        worker.on_allreduce = (
+            None if stop is None else (lambda f=stop, k=it: fail_now(f, device, k, results, quiet))
+        )
         failed = None
         try:
             record = worker.run_iteration(it)

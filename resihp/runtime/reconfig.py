@@ -1,7 +1,8 @@
 """The controller's replanning after a fail-stop, a fail-slow and a re-join (torch-free).
 
 `replan_after_stop` asks the scheduler policy (`resihp.sched.POLICIES`) and falls back to the
-explicit rule below.
+explicit rule below; `replan_after_slow` asks it with the speed and link estimates of fail-slow and
+link-slow reports and falls back to `rebalance_slow` (or keeps the plan).
 
 `shrink_plan(plan, dead)`: every stage that lost devices keeps its survivors as a smaller TP
 group (heads and FFN columns re-split evenly over them, the ResiHP move: no spare needed); a stage
@@ -155,3 +156,81 @@ def replan_after_stop(
     else:
         reason = ""
     return shrink_plan(current, dead, generation, absorb), reason + "shrink: survivors keep their stages"
+
+
+def replan_after_slow(
+    initial: Plan,
+    current: Plan,
+    members: set[int],
+    generation: int,
+    workload,
+    policy: str | None,
+    speeds: dict[int, float],
+    links: dict[tuple[int, int], float],
+    reports: list[FailureReport],
+) -> tuple[Plan | None, str]:
+    """(plan of `generation`, or None to keep `current`; why) after fail-slow / link-slow `reports`.
+
+    `speeds` / `links`: every device's speed and link's bandwidth estimate so far, the reports'
+    included (compound, `SlowWatch.admit`). The scheduler `policy` plans on the `cpu` cluster with
+    them; its plan is taken when it uses live members only, keeps the global micro-batch count,
+    differs from `current`, and differs from the plan the policy gives without these reports (the
+    estimates before them) — a plan it would pick anyway (its cost model may prefer another layer
+    split of a healthy job, say) is no answer to this failure. Otherwise, and with `policy` None,
+    each slow device's TP stage is re-split by speed (`rebalance_slow`); a slow link has no rule.
+    """
+    reason = ""
+    if policy is not None:
+        job, cluster = _policy_inputs(initial, current, members, workload, speeds, links)
+        decision = POLICIES[policy]().adapt(job, current, cluster, list(reports))
+        new = decision.plan
+        if new is None or not set(new.devices()) <= members:
+            reason = f"{policy} gave no usable plan ({decision.reason}); "
+        elif new.global_microbatches != current.global_microbatches:
+            reason = f"{policy} gave no usable plan ({decision.reason}: another global batch); "
+        elif _same_work(new, current):
+            reason = f"{decision.reason} keeps the current plan; "
+        else:
+            before = _before(speeds, links, reports)
+            _, calm = _policy_inputs(initial, current, members, workload, *before)
+            other = POLICIES[policy]().adapt(job, current, calm, []).plan
+            if other is not None and _same_work(new, other):
+                reason = f"{decision.reason}, its plan without these reports too; "
+            else:
+                standby = tuple(sorted(members - set(new.devices())))
+                return new.with_changes(generation=generation, standby=standby), decision.reason
+    new = current
+    for rep in reports:
+        if rep.kind == "fail-slow":
+            new = rebalance_slow(new, rep.devices[0], rep.severity, generation, speeds) or new
+    if new is current:
+        return None, reason + "no rule for this failure (a TP-1 stage or a link): no replan"
+    return new.with_changes(generation=generation), reason + "rebalance: uneven TP split by speed"
+
+
+def _policy_inputs(initial: Plan, current: Plan, members: set[int], workload, speeds, links):
+    """(Job, Cluster) for a scheduler policy: one `cpu` node, `alive` = members, the estimates."""
+    n = max(members | set(initial.devices()) | set(current.devices())) + 1
+    cluster = Cluster(1, n, "cpu", alive=tuple(d in members for d in range(n)))
+    for d, p in speeds.items():
+        cluster = cluster.with_speed(d, min(max(p, 1e-3), 1.0))
+    for (a, b), f in links.items():
+        cluster = cluster.with_link(a, b, min(max(f, 1e-3), 1.0))
+    first = initial.replicas[0]
+    tp = max(st.tp for st in first)
+    job = Job(initial.model, cluster, workload, tp, len(first), initial.dp, initial.schedule)
+    return job, cluster
+
+
+def _before(speeds: dict, links: dict, reports: list[FailureReport]) -> tuple[dict, dict]:
+    """The estimates as they were before `reports` (each folded in as a factor, `SlowWatch.admit`)."""
+    speeds, links = dict(speeds), dict(links)
+    for rep in reports:
+        known, what = (links, rep.link) if rep.kind == "link-slow" else (speeds, rep.devices[0])
+        if what in known:
+            known[what] = min(1.0, known[what] / max(rep.severity, 1e-9))
+    return speeds, links
+
+
+def _same_work(a: Plan, b: Plan) -> bool:
+    return (a.replicas, a.microbatches, a.assignment) == (b.replicas, b.microbatches, b.assignment)

@@ -1,12 +1,20 @@
-"""Live fail-slow detection in the controller: measured compute-only timings -> `Localizer`.
+"""Live fail-slow detection in the controller: measured timings -> `Localizer` -> new reports.
 
 The prediction of each compute instruction (F/B/W of one micro-batch) is the device's own time
 for it in a baseline iteration of the same Plan generation — the MTP calibrated from the runtime's
-own measurements, per device and instruction. The first iteration of the job is a warm-up (lazy
-initialisation) and never a baseline. `Localizer` (relative mode: factors divided by their median
-over devices) then blames only stragglers; a fault present before the baseline iteration is, by
-construction, invisible (known gap). `threshold` is wider than the detector's default because two
-shared CPU cores make compute timings noisy.
+own measurements, per device and instruction. Likewise, with `links`, the prediction of each P2P
+transfer (the trace's `links` entries: one received block, keyed by its sender, receiver, kind
+and micro-batch) is its time in the baseline iteration. The first iteration of each generation is
+a warm-up (lazy initialisation, fresh allocations) and never the baseline: a warm-up baseline on
+some devices makes the others look slow relative to them. `Localizer` (relative mode: factors divided
+by their median over devices, or over links when there are at least 3) then blames only
+stragglers; a fault present before the baseline iteration is, by construction, invisible (known
+gap). `threshold` is wider than the detector's default because two shared CPU cores make timings
+noisy.
+
+`admit` keeps what the controller acts on: each device (link) once per generation, and a compound
+estimate per device (link) — each report's severity is relative to its generation's baseline, so a
+device reported again after a replan is slower still than the estimate it was planned with.
 """
 
 from __future__ import annotations
@@ -18,31 +26,68 @@ COMPUTE_OPS = ("F", "B", "W")
 
 
 class SlowWatch:
-    """Feed it every device's trace records of each committed iteration; it returns fail-slow reports."""
+    """Feed it every device's trace records of each committed iteration; it returns fail-slow and
+    (with `links`: the runtime's link model is on, `run.link_mb_per_s` > 0) link-slow reports."""
 
-    def __init__(self, first_iteration: int, threshold: float = 0.4) -> None:
+    def __init__(self, threshold: float = 0.4, links: bool = False) -> None:
         self.localizer = Localizer(LocalizeConfig(window_iters=2, threshold=threshold, min_samples=3))
-        self.first = first_iteration
-        self.generation = -1
+        self.links = links
+        self.generation, self.seen = -1, 0  # iterations of the generation observed so far
         self.baseline: dict[int, dict[tuple, float]] = {}
+        self.link_baseline: dict[tuple, float] = {}
+        self.speeds: dict[int, float] = {}  # device -> compound speed estimate p
+        self.link_factors: dict[tuple[int, int], float] = {}  # (lo, hi) -> compound bandwidth factor f
+        self.reported: set[tuple] = set()  # (generation, device) or (generation, (lo, hi))
 
     def observe(self, it: int, generation: int, records: list[dict]) -> list[FailureReport]:
-        """`records`: one trace record per plan device of committed iteration `it`."""
+        """`records`: one trace record per plan device of committed iteration `it`; every current
+        suspect, worst first."""
         if generation != self.generation:  # new plan: new work per device, new baseline
-            self.generation, self.baseline = generation, {}
+            self.generation, self.seen, self.baseline, self.link_baseline = generation, 0, {}, {}
             self.localizer.forget()
+        self.seen += 1
         times = {
             r["device"]: {(op, src, mb): t for op, src, mb, t, _ in r["instrs"] if op in COMPUTE_OPS}
             for r in records
         }
-        if not self.baseline:
-            if it > self.first:
-                self.baseline = times
+        transfers = {tuple(e[:5]): e[6] for r in records for e in r.get("links", ())} if self.links else {}
+        if self.seen <= 2:  # the warm-up, then the baseline
+            if self.seen == 2:
+                self.baseline, self.link_baseline = times, transfers
             return []
         compute = {}
         for dev, own in times.items():
             base = self.baseline.get(dev, {})
             keys = [k for k in own if base.get(k, 0.0) > 0.0]
             compute[dev] = ([own[k] for k in keys], [base[k] for k in keys])
-        self.localizer.observe(it, compute)
-        return [r for r in self.localizer.localize(it) if r.kind == "fail-slow"]
+        links: dict[tuple[int, int], tuple[list, list]] = {}
+        for key, t in transfers.items():
+            base = self.link_baseline.get(key, 0.0)
+            if base > 0.0 and t > 0.0:
+                meas, pred = links.setdefault(key[:2], ([], []))
+                meas.append(t)
+                pred.append(base)
+        self.localizer.observe(it, compute, links)
+        return self.localizer.localize(it)
+
+    def admit(self, generation: int, reports: list[FailureReport]) -> list[FailureReport]:
+        """The reports not yet seen in `generation`; folds each into the compound estimates."""
+        new = []
+        for rep in reports:
+            if rep.kind not in ("fail-slow", "link-slow"):
+                continue
+            what = rep.link if rep.kind == "link-slow" else rep.devices[0]
+            if (generation, what) in self.reported:
+                continue
+            self.reported.add((generation, what))
+            known = self.link_factors if rep.kind == "link-slow" else self.speeds
+            known[what] = known.get(what, 1.0) * rep.severity
+            new.append(rep)
+        return new
+
+
+def slow_event(rep: FailureReport, reason: str) -> dict:
+    """The controller's event for an admitted report: {"iter", "kind", "devices" | "link",
+    "severity", "reason"} (`reason`: the replan it led to, or why none)."""
+    where = {"link": list(rep.link)} if rep.kind == "link-slow" else {"devices": list(rep.devices)}
+    return {"iter": rep.iteration, "kind": rep.kind, **where, "severity": rep.severity, "reason": reason}

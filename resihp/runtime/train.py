@@ -1,7 +1,8 @@
 """`resihp train`: run a job on local CPU workers and return the architecture §5.5 JSON.
 
 `run_training(config)` validates the config and its Plan (ValueError before any process starts),
-launches the controller + one gloo worker per device (`launch`), shows live progress, and returns
+launches the controller + one gloo worker per device (`controller.launch_elastic`: every run
+commits its iterations and survives failures), shows live progress, and returns
 
     {"config": {...}, "seed": 0, "plan": {...},
      "iterations": [{"iter", "loss", "time_s", "samples", "tokens", "generation"}, ...],
@@ -22,8 +23,9 @@ from resihp.core.plan import Plan
 from resihp.model.loss import iteration_loss
 
 from .config import TrainConfig, check_fits
+from .controller import launch_elastic
 from .faults import load_faults, validate_faults
-from .launch import JobSpec, launch
+from .launch import JobSpec
 
 TRACE_VERSION = 1
 
@@ -104,9 +106,9 @@ def run_training(
     With `return_state`, the result also carries `"state"`: replica -> full state dict (tensors;
     not JSON) gathered from the workers' shards at the end (under the final plan).
 
-    With `config.faults` (a faults TOML) or `replans` ([(iteration, Plan)]: planned replans at
-    iteration boundaries) the job runs on the elastic runtime (`controller.launch_elastic`):
-    faults are injected, fail-stops recovered without restart, and `events` filled in;
+    Every job runs on the elastic runtime (`controller.launch_elastic`): `config.faults` (a faults
+    TOML) are injected, `replans` ([(iteration, Plan)]) switch plans at iteration boundaries,
+    fail-stops are recovered without restart, and `events` records what happened;
     `detect_slow` also detects slow devices from live timings and re-splits their TP stage;
     `policy` is the scheduler policy that replans after a fail-stop (None: `reconfig.shrink_plan`).
 
@@ -146,6 +148,7 @@ def run_training(
         timing=config.timing,
         return_state=return_state,
         p2p=config.p2p,
+        link_mb_per_s=float(config.link_mb_per_s),
         checkpoint_every=config.checkpoint_every,
         checkpoint_dir=config.checkpoint_dir,
         resume=resume,
@@ -156,33 +159,26 @@ def run_training(
     bar = Progress(config.iterations, enabled=progress)
     t_start = time.perf_counter()
 
-    def on_iteration(it: int, records: list[dict], current: Plan = plan) -> None:
-        row = iteration_row(current, workload.seq_len, it, records)
+    def on_commit(it: int, current: Plan, payloads: list[dict]) -> None:
+        row = iteration_row(current, workload.seq_len, it, payloads)
         rows.append(row)
         bar.update(row, row["samples"] / max(row["time_s"], 1e-9))
 
     try:
-        if faults or replans or detect_slow or config.checkpoint_every or resume or config.snapshots:
-            from .controller import launch_elastic
-
-            def on_commit(it: int, current: Plan, payloads: list[dict]) -> None:
-                on_iteration(it, payloads, current)
-
-            out = launch_elastic(
-                plan,
-                job,
-                faults=faults,
-                replans=replans,
-                on_commit=on_commit,
-                detect_slow=detect_slow,
-                policy=policy,
-            )
-            for f in faults:
-                events.append({"iter": f.at_iter, "kind": f"inject-{f.kind}", "devices": list(f.devices)})
-            events.extend(out["events"])
-            events.sort(key=lambda e: e["iter"])
-        else:
-            out = launch(plan, job, on_iteration)
+        out = launch_elastic(
+            plan,
+            job,
+            faults=faults,
+            replans=replans,
+            on_commit=on_commit,
+            detect_slow=detect_slow,
+            policy=policy,
+            heartbeat_timeout_s=float(config.heartbeat_timeout_s),
+        )
+        for f in faults:
+            events.append({"iter": f.at_iter, "kind": f"inject-{f.kind}", "devices": list(f.devices)})
+        events.extend(out["events"])
+        events.sort(key=lambda e: e["iter"])
     finally:
         bar.close()
     elapsed = time.perf_counter() - t_start

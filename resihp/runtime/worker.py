@@ -13,7 +13,9 @@ Semantics of the primitives (`resihp.core.program`), per micro-batch (src, j) at
   which broadcasts it in its TP group. `p2p = "chunked"` (ResiHP's rule): the tensor is cut into
   n = min(tp_send, tp_recv) row blocks, rank r < n sends block r to the peer's rank r (n links in
   parallel), and the receivers broadcast their blocks in their TP group. Global-rank P2P on the
-  default group; sends are `isend`s waited before ALLREDUCE. Exact for any pair of TP sizes.
+  default group; sends are `isend`s waited before ALLREDUCE. Exact for any pair of TP sizes. Each
+  block travels with its send time (2 extra fp32 elements), from which the receiver applies the
+  link model (`_transfer`) and records the block's transfer time (the trace's `links`).
 * ALLREDUCE: per layer segment (`groups.grad_segments`). Where all replicas split the segment
   alike: TP sum of the partial entries (`sync_tp_grads`), then an all-reduce of the shard over the
   devices of equal TP rank. Otherwise every device writes its contribution into the full
@@ -79,8 +81,9 @@ class Worker:
                 }
         # Hooks of the elastic runtime (runtime/member.py), inert by default: `before_step(it, losses,
         # wall_s)` runs at STEP before the optimizer (the commit point; raises to abort), `slow` is
-        # the injected speed factor p of compute, `link` maps a peer device to a P2P factor f.
-        self.before_step = None
+        # the injected speed factor p of compute, `link` maps a peer device to a P2P factor f,
+        # `on_allreduce()` runs once when the gradient reduction begins (a `stop` with phase allreduce).
+        self.before_step = self.on_allreduce = None
         self.slow, self.link = 1.0, {}
         self.clock = CommClock(job.timing)
         self.enter, self.reduce = tp_callables(groups.tp_group, self.clock)
@@ -104,7 +107,7 @@ class Worker:
         self.G = plan.global_microbatches
         self.it, self.batch = it, self.workload.pack(it, self.G)
         self.mbs, self.live, self.acts, self.grads, self.gx = {}, {}, {}, {}, {}
-        self.sends, self.losses = [], []
+        self.sends, self.losses, self.transfers = [], [], []
         timing = self.clock.enabled
         records = []
         self.clock.comm_s = 0.0
@@ -133,6 +136,7 @@ class Worker:
             "compute_s": sum(r[3] for r in records),
             "comm_s": sum(r[4] for r in records),
             "instrs": records,
+            "links": self.transfers,
             "losses": self.losses,
         }
 
@@ -193,15 +197,18 @@ class Worker:
     def _RECV(self, ins: Instr) -> None:
         buf = torch.empty(self.workload.seq_len, self.spec.hidden)  # (N, h)
         n, rank = self._links(ins.peer), self.groups.tp_rank
-        chunks = torch.tensor_split(buf, n)  # contiguous row blocks of buf, received in place
+        chunks = torch.tensor_split(buf, n)  # contiguous row blocks of buf
         with self.clock.comm():
             if rank < n:
+                chunk = chunks[rank]
+                msg = torch.empty(chunk.numel() + 2)  # (N/n·h + 2,): the block, then its send time
                 src = self.groups.rank_of(*ins.peer, rank)
-                t0 = time.perf_counter()
-                dist.recv(chunks[rank], src=src, tag=_tag(ins.src, ins.mb, ins.what))
-                f = self.link.get(self.plan.replicas[ins.peer[0]][ins.peer[1]].devices[rank])
-                if f is not None:  # injected slow link: the transfer takes 1/f as long
-                    time.sleep((time.perf_counter() - t0) * (1.0 / f - 1.0))
+                posted = time.perf_counter()
+                dist.recv(msg, src=src, tag=_tag(ins.src, ins.mb, ins.what))
+                chunk.copy_(msg[:-2].view_as(chunk))
+                peer = self.plan.replicas[ins.peer[0]][ins.peer[1]].devices[rank]
+                sent = float(msg[-2]) + float(msg[-1])
+                self._transfer(peer, ins, sent, posted, chunk.numel() * chunk.element_size())
             if self.groups.tp_group is not None:
                 for r in range(n):
                     dist.broadcast(
@@ -211,17 +218,37 @@ class Worker:
                     )
         (self.acts if ins.what == "act" else self.grads)[(ins.src, ins.mb)] = buf
 
+    def _transfer(self, peer: int, ins: Instr, sent: float, posted: float, nbytes: int) -> None:
+        """The link model of a received block (docs/runtime.md, "Fault injection"): the transfer
+        starts when both ends are ready (`start` = max(send time, recv posted); one clock, as
+        `perf_counter` is CLOCK_MONOTONIC, system-wide on Linux) and lasts max(measured, nbytes /
+        `job.link_mb_per_s`) / f, f the injected link factor (1 when healthy): the receiver sleeps
+        until then. Records [peer, device, what, src, mb, nbytes, seconds] in `self.transfers`."""
+        start = max(sent, posted)
+        bw = self.job.link_mb_per_s * 1e6
+        wire = max(time.perf_counter() - start, nbytes / bw if bw > 0 else 0.0)
+        wire /= self.link.get(peer, 1.0)
+        delay = start + wire - time.perf_counter()
+        if delay > 0.0:
+            time.sleep(delay)
+        if self.clock.enabled:
+            took = round(time.perf_counter() - start, 7)
+            self.transfers.append([peer, self.device, ins.what, ins.src, ins.mb, nbytes, took])
+
     def _SEND(self, ins: Instr) -> None:
         key = (ins.src, ins.mb)
         t = self.live[key][1] if ins.what == "act" else self.gx.pop(key)
         n, rank = self._links(ins.peer), self.groups.tp_rank
         if rank >= n:
             return
-        t = torch.tensor_split(t.detach(), n)[rank].contiguous()  # (N/n, h)
+        block = torch.tensor_split(t.detach(), n)[rank]  # (N/n, h)
         with self.clock.comm():
+            now = time.perf_counter()
+            hi = float(torch.tensor(now, dtype=torch.float32))  # the send time, exact in two fp32
+            msg = torch.cat([block.reshape(-1), torch.tensor([hi, now - hi])])  # (N/n·h + 2,)
             dst = self.groups.rank_of(*ins.peer, rank)
-            work = dist.isend(t, dst=dst, tag=_tag(ins.src, ins.mb, ins.what))
-        self.sends.append((work, t))
+            work = dist.isend(msg, dst=dst, tag=_tag(ins.src, ins.mb, ins.what))
+        self.sends.append((work, msg))
 
     def _segment_names(self, lo: int, hi: int) -> list[str]:
         names = ["embed.weight"] if lo == 0 and self.model.is_first else []
@@ -236,6 +263,9 @@ class Worker:
             for work, _ in self.sends:
                 work.wait()
         self.sends.clear()
+        if self.on_allreduce is not None:
+            hook, self.on_allreduce = self.on_allreduce, None
+            hook()
         for (lo, hi), aligned, group in self.groups.segments:
             names = self._segment_names(lo, hi)
             for n in names:  # a replica without micro-batches still steps (with zero gradients)

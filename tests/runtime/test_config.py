@@ -55,6 +55,7 @@ def test_toml_round_trip_and_unknown_keys(tmp_path):
         ({"model": {"preset": "gpt5"}}, r"model\.preset = 'gpt5': unknown"),
         ({"optim": {"lr": -1.0}}, r"optim\.lr = -1\.0"),
         ({"workload": {"lengths": "books"}}, r"workload\.lengths = 'books'"),
+        ({"run": {"link_mb_per_s": -1}}, r"run\.link_mb_per_s = -1: must be a number >= 0"),
     ],
 )
 def test_bad_values_name_the_key(changes, message):
@@ -69,7 +70,7 @@ def test_plans_that_do_not_fit_fail_before_any_process_starts(monkeypatch):
     def no_launch(*args, **kwargs):
         raise AssertionError("a process was started")
 
-    monkeypatch.setattr(train, "launch", no_launch)
+    monkeypatch.setattr(train, "launch_elastic", no_launch)
     with pytest.raises(ValueError, match=r"parallel\.tp = 9: more than the model's 8 heads"):
         run_training(TrainConfig(tp=9, pp=1, dp=1, workers=9), progress=False)
     with pytest.raises(ValueError, match=r"parallel\.pp = 5: more stages than the model's 4 layers"):

@@ -16,7 +16,7 @@ import torch
 from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan, Stage
 from resihp.runtime.config import TrainConfig
-from resihp.runtime.launch import JobSpec, WorkerFailed, alive, launch
+from resihp.runtime.launch import WorkerFailed, alive
 from resihp.runtime.reference import train_reference
 from resihp.runtime.train import run_training
 
@@ -107,15 +107,16 @@ def test_default_layout_tp2_pp2_dp2_with_trace_file(tmp_path):
     }
 
 
-def test_dead_worker_is_blamed_and_every_child_reaped():
-    """A worker that exits hard mid-run: WorkerFailed names it (not its peers), no process survives."""
+def test_unrecoverable_stop_is_blamed_and_every_child_reaped(tmp_path):
+    """A worker that exits hard holding the only copy of its stage (dp 1, no snapshots): WorkerFailed
+    names it and the missing tensor, and no process survives."""
+    faults = tmp_path / "faults.toml"
+    faults.write_text("[[faults]]\nkind = 'stop'\ndevice = 1\nat_iter = 1\n")
     plan = Plan.uniform(SPEC, 1, 2, 1, 2)
-    cfg = TrainConfig(seq_len=32)
-    job = JobSpec(SPEC, cfg.workload(), cfg.optim(), iterations=3, stop_at=((1, 1),))
-    seen = []
-    with pytest.raises(WorkerFailed, match="worker of device 1 died") as info:
-        launch(plan, job, lambda it, recs: seen.append(it))
-    assert seen == [0] and info.value.devices[0] == 1
+    cfg = TrainConfig(seq_len=32, iterations=3, faults=str(faults))
+    with pytest.raises(WorkerFailed, match=r"devices \[1\] stopped at iteration 1.*run\.snapshots") as info:
+        run_training(cfg, plan, progress=False)
+    assert info.value.devices == [1]
     assert alive(info.value.pids) == []
 
 

@@ -24,13 +24,13 @@ def test_load_and_query_faults(tmp_path):
     )
     faults = validate_faults(load_faults(path), range(4))
     assert [f.at_iter for f in faults] == [1, 2, 4]
-    assert faults_at(faults, 1, 1) == (False, 1.0, {})
-    assert faults_at(faults, 1, 5) == (False, 0.25, {})
-    assert faults_at(faults, 3, 1) == (False, 1.0, {0: 0.5})
-    assert faults_at(faults, 0, 9) == (False, 1.0, {3: 0.5})
-    assert faults_at(faults, 2, 4)[0] and not faults_at(faults, 2, 5)[0]
+    assert faults_at(faults, 1, 1) == (None, 1.0, {})
+    assert faults_at(faults, 1, 5) == (None, 0.25, {})
+    assert faults_at(faults, 3, 1) == (None, 1.0, {0: 0.5})
+    assert faults_at(faults, 0, 9) == (None, 1.0, {3: 0.5})
+    assert faults_at(faults, 2, 4)[0].kind == "stop" and faults_at(faults, 2, 5)[0] is None
     back = validate_faults([*faults, FaultSpec("rejoin", at_iter=6, device=2)], range(4))
-    assert back[-1].kind == "rejoin" and faults_at(back, 2, 6) == (False, 1.0, {})
+    assert back[-1].kind == "rejoin" and faults_at(back, 2, 6) == (None, 1.0, {})
 
 
 @pytest.mark.parametrize(

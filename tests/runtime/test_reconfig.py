@@ -171,3 +171,24 @@ def test_two_stops_in_sequence_one_before_any_step_under_zbh1(tmp_path):
     assert final[0][1]["devices"] == [3] and final[1][0]["devices"] == [5]
     _check_state(res, ref_state, config.lr)
     assert alive(res["worker_pids"]) == [], "orphan worker processes"
+
+
+def test_stop_during_the_dp_gradient_reduction(tmp_path):
+    """tp1 x pp2 x dp2; device 3 (replica 1's last stage) exits on entering its gradient all-reduce of
+    iteration 2, when its DP peer (device 1) is inside the same all-reduce: the peer's collective
+    fails, nobody steps, iteration 2 is re-run once under generation 1 (replica 1's micro-batches
+    on replica 0's last stage), and the committed history equals the reference's."""
+    faults = tmp_path / "faults.toml"
+    faults.write_text("[[faults]]\nkind = 'stop'\ndevice = 3\nat_iter = 2\nphase = 'allreduce'\n")
+    config = TrainConfig(seq_len=32, microbatches=2, iterations=4, faults=str(faults))
+    plan = Plan.uniform(SPEC, 1, 2, 2, 2)
+    res = run_training(config, plan, progress=False, return_state=True)
+    ref_losses, ref_state = _reference(plan, config)
+    assert [row["iter"] for row in res["iterations"]] == [0, 1, 2, 3]
+    assert [row["generation"] for row in res["iterations"]] == [0, 0, 1, 1]
+    assert [row["loss"] for row in res["iterations"]] == pytest.approx(ref_losses, rel=1e-4)
+    kinds = [(e["iter"], e["kind"], e.get("devices")) for e in res["events"]]
+    assert (2, "inject-stop", [3]) in kinds and (2, "fail-stop", [3]) in kinds
+    assert 3 not in res["plans"][-1]["replicas"][1][1]["devices"]
+    _check_state(res, ref_state, config.lr)
+    assert alive(res["worker_pids"]) == [], "orphan worker processes"

@@ -53,3 +53,30 @@ def test_rebalance_slow_remembers_every_known_speed():
     assert st.tp_split[1] < st.tp_split[0] and st.ffn_split[1] < st.ffn_split[0]
     forgetful = rebalance_slow(first, 0, 0.6, 2).replicas[0][0]
     assert forgetful.tp_split[1] > forgetful.tp_split[0]  # what the old rule did
+
+
+def test_replan_after_slow_takes_the_policys_plan_or_says_why_not():
+    """A slow device in a TP-1 stage: the resihp policy moves work off it (no rule could); a slow
+    link the cpu cost model cannot see: the policy's plan is the one it gives without the report,
+    so no replan; policy None: the rule (TP-2 stage re-split, nothing for TP 1)."""
+    from resihp.core.report import FailureReport
+    from resihp.core.workload import Workload
+    from resihp.runtime.reconfig import replan_after_slow
+
+    wl = Workload(32, 2)
+    pp = Plan.uniform(SPEC, 1, 2, 2, 2)  # replica 0: 0 -> 1, replica 1: 2 -> 3
+    slow = [FailureReport("fail-slow", (1,), severity=0.25)]
+    new, why = replan_after_slow(pp, pp, {0, 1, 2, 3}, 1, wl, "resihp", {1: 0.25}, {}, slow)
+    assert why.startswith("resihp: ") and new.generation == 1 and set(new.devices()) <= {0, 1, 2, 3}
+    assert new.global_microbatches == 4 and (new.replicas, new.assignment) != (pp.replicas, pp.assignment)
+    i = new.stage_of(1)[1]
+    on_1 = sum(new.executor(src, j, i) == 0 for src in range(2) for j in range(2))
+    assert new.replicas[0][i].num_layers * on_1 < 2 * 2  # less work than its 2 layers x 2 micro-batches
+    assert replan_after_slow(pp, pp, {0, 1, 2, 3}, 1, wl, None, {1: 0.25}, {}, slow) == (
+        None, "no rule for this failure (a TP-1 stage or a link): no replan",
+    )  # fmt: skip
+    link = [FailureReport("link-slow", (0, 1), (0, 1), severity=0.25)]
+    new, why = replan_after_slow(pp, pp, {0, 1, 2, 3}, 1, wl, "resihp", {}, {(0, 1): 0.25}, link)
+    assert new is None and "without these reports" in why and why.endswith("no replan")
+    new, why = replan_after_slow(PLAN, PLAN, set(range(8)), 1, wl, None, {1: 0.25}, {}, slow)
+    assert new == rebalance_slow(PLAN, 1, 0.25, 1) and why.startswith("rebalance")

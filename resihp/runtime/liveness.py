@@ -1,0 +1,142 @@
+"""Liveness of the elastic runtime's members: heartbeats, the join barrier, the state survivors hold.
+
+Torch-free; the controller (`controller.py`) uses all three, member processes send the messages.
+
+* Heartbeats: every member process puts ("heartbeat", device, {"time"}) on the results queue every
+  `HEARTBEAT_S` from a daemon thread (`member.start_heartbeat`). Gloo and store waits release the
+  GIL, so a member blocked in a collective still beats; only a dead or frozen process (SIGSTOP, a
+  hung device) goes silent. The controller reads the queue through an `Inbox`, which takes every
+  message that has arrived before handing one out and feeds heartbeats to a `Liveness`: silence is
+  judged on current data even right after the controller itself was busy (a replan, a checkpoint).
+  A member silent for `timeout_s` after its first beat is *hung* (the controller SIGKILLs it, and
+  its death is a fail-stop); one with no first beat `start_timeout_s` after its spawn never
+  started (the job fails).
+* `JoinBarrier`: a member reports `joining` generation g and waits on the store key `go/{g}`
+  before any gloo call of g. The controller writes `go` once every member of g has arrived (and
+  lives), or `abort` when g is superseded first (a member died): a death before `go` never
+  reaches gloo, and after `go` every member is already at the rendezvous, so its timeout can be
+  short (`member.JOIN_TIMEOUT_S`).
+* `source_generation`: the generation whose committed state the survivors hold — the transfer
+  source of the next one. A member keeps what it held when it left each generation it joined; a
+  generation whose join failed (a death during the rebuild) was not joined by every survivor,
+  committed nothing, and its predecessor's holdings are still the committed state.
+"""
+
+from __future__ import annotations
+
+import queue as queue_mod
+import time
+from collections import deque
+from collections.abc import Callable
+
+HEARTBEAT_S = 0.25  # a member's heartbeat period
+HEARTBEAT_TIMEOUT_S = 3.0  # default `run.heartbeat_timeout_s`: silence after which a member is hung
+# allowed `run.heartbeat_timeout_s`: from 4 periods (shorter kills healthy members of a busy machine)
+# to well under the gloo timeout (`launch.PG_TIMEOUT_S`, 120 s), which heartbeats must beat
+HEARTBEAT_TIMEOUT_RANGE_S = (1.0, 60.0)
+START_TIMEOUT_S = 60.0  # a spawned member's first heartbeat must come within this (workers import torch)
+
+
+def go_key(generation: int) -> str:
+    return f"go/{generation}"
+
+
+class Liveness:
+    """Last heartbeat per member (controller clock); who is hung, who never started."""
+
+    def __init__(self, timeout_s: float = HEARTBEAT_TIMEOUT_S, start_timeout_s: float = START_TIMEOUT_S):
+        self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
+        self.spawned: dict[int, float] = {}  # device -> when its (current) process was started
+        self.last: dict[int, float] = {}  # device -> when its last heartbeat arrived
+
+    def spawn(self, device: int, now: float) -> None:
+        self.spawned[device] = now
+        self.last.pop(device, None)
+
+    def beat(self, device: int, now: float) -> None:
+        if device in self.spawned:  # a forgotten (dead, done) member's last beats are ignored
+            self.last[device] = now
+
+    def forget(self, device: int) -> None:
+        self.spawned.pop(device, None)
+        self.last.pop(device, None)
+
+    def hung(self, now: float) -> list[int]:
+        """Members that have beaten and then stayed silent for more than `timeout_s`."""
+        return sorted(d for d, t in self.last.items() if now - t > self.timeout_s)
+
+    def unstarted(self, now: float) -> list[int]:
+        """Members with no heartbeat yet, `start_timeout_s` after their spawn."""
+        return sorted(
+            d for d, t in self.spawned.items() if d not in self.last and now - t > self.start_timeout_s
+        )
+
+
+class Inbox:
+    """The members' results queue, heartbeats taken out into a `Liveness`.
+
+    `get` first takes every message that has arrived, so that the heartbeat times are current
+    whenever the controller checks for silence, then hands out the oldest other message (or None).
+    """
+
+    def __init__(self, queue, liveness: Liveness, clock: Callable[[], float] = time.monotonic):
+        self.queue, self.liveness, self.clock = queue, liveness, clock
+        self.pending: deque = deque()
+
+    def get(self, timeout_s: float) -> tuple | None:
+        block = not self.pending
+        while True:
+            try:
+                msg = self.queue.get(timeout=timeout_s) if block else self.queue.get_nowait()
+            except queue_mod.Empty:
+                break
+            block = False
+            if msg[0] == "heartbeat":
+                self.liveness.beat(msg[1], self.clock())
+            else:
+                self.pending.append(msg)
+        return self.pending.popleft() if self.pending else None
+
+
+class JoinBarrier:
+    """Per generation: the members expected to join, those that reported `joining`, the verdict."""
+
+    def __init__(self) -> None:
+        self.expected: dict[int, set[int]] = {}
+        self.arrived: dict[int, set[int]] = {}
+        self.verdict: dict[int, str] = {}
+
+    def open(self, generation: int, members) -> None:
+        self.expected[generation] = set(members)
+        self.arrived.setdefault(generation, set())
+
+    def arrive(self, generation: int, device: int) -> None:
+        self.arrived.setdefault(generation, set()).add(device)
+
+    def ready(self, generation: int) -> bool:
+        """Every expected member arrived and no verdict was given yet: time to write `go`."""
+        return generation not in self.verdict and self.arrived[generation] >= self.expected[generation]
+
+    def decide(self, generation: int, verdict: str) -> None:
+        self.verdict[generation] = verdict
+
+    def supersede(self, generation: int) -> list[int]:
+        """Generations before `generation` still without a verdict, now marked `abort`."""
+        out = sorted(g for g in self.expected if g < generation and g not in self.verdict)
+        for g in out:
+            self.verdict[g] = "abort"
+        return out
+
+
+def source_generation(
+    plan_devices: list[tuple[int, ...]], joined: dict[int, set[int]], members
+) -> int | None:
+    """The latest generation g (index into `plan_devices`, g's plan devices) such that every surviving
+    plan device of g (at least one) joined it; None when there is none (start from the seed or the
+    checkpoint again). Monotone in time: `joined` only grows and survivors only shrink."""
+    members = set(members)
+    for g in range(len(plan_devices) - 1, -1, -1):
+        live = set(plan_devices[g]) & members
+        if live and live <= joined.get(g, set()):
+            return g
+    return None

@@ -1,0 +1,202 @@
+"""Liveness of the elastic runtime: hung members, deaths during a rebuild, members that never start.
+
+The multi-process tests (marked slow) spawn once each and check several things; the oracle is
+`train_reference`, and every run must end far below gloo's 120 s timeout: heartbeats, the join
+barrier and the short join timeout decide. The helpers of `liveness.py` and `faults.join_stop`
+are tested without processes.
+"""
+
+import queue
+import time
+
+import pytest
+
+from resihp.core.faults import FaultSpec
+from resihp.core.model_spec import ModelSpec
+from resihp.core.plan import Plan
+from resihp.runtime import controller
+from resihp.runtime.config import TrainConfig
+from resihp.runtime.faults import join_stop
+from resihp.runtime.launch import JobSpec, WorkerFailed, alive
+from resihp.runtime.liveness import Inbox, JoinBarrier, Liveness, source_generation
+from resihp.runtime.reference import train_reference
+from resihp.runtime.train import run_training
+
+SPEC = ModelSpec("t", 4, 32, 8, 2, 48, 256)
+
+
+def _reference(plan: Plan, config: TrainConfig) -> list[float]:
+    losses, _ = train_reference(
+        plan.model,
+        config.workload(),
+        plan.global_microbatches,
+        config.iterations,
+        seed=config.seed,
+        optim=config.optim(),
+    )
+    return losses
+
+
+def _run(tmp_path, faults: str, iterations: int = 4) -> tuple[dict, TrainConfig, Plan, float]:
+    path = tmp_path / "faults.toml"
+    path.write_text(faults)
+    config = TrainConfig(seq_len=32, microbatches=2, iterations=iterations, faults=str(path))
+    plan = Plan.uniform(SPEC, 2, 1, 2, 2)  # tp 2 x dp 2: replica 0 on devices 0, 1; replica 1 on 2, 3
+    t0 = time.monotonic()
+    res = run_training(config, plan, progress=False)
+    return res, config, plan, time.monotonic() - t0
+
+
+# ---------------------------------------------------------------------------------- no processes
+def test_liveness_names_hung_and_unstarted_members():
+    """Silence counts from the last beat, a missing first beat from the spawn; forgotten members and
+    their late beats are ignored."""
+    live = Liveness(timeout_s=2.0, start_timeout_s=10.0)
+    for d in (0, 1, 2):
+        live.spawn(d, 0.0)
+    live.beat(0, 1.0)
+    live.beat(1, 1.0)
+    live.beat(1, 2.5)
+    assert live.hung(3.5) == [0] and live.hung(2.9) == []
+    assert live.unstarted(9.0) == [] and live.unstarted(10.5) == [2]
+    live.forget(0)
+    live.beat(0, 4.0)  # a dead member's last beat, read late
+    assert live.hung(100.0) == [1] and 0 not in live.last
+    live.spawn(1, 50.0)  # a fresh process for the device: its start timeout counts again
+    assert live.hung(51.0) == [] and live.unstarted(61.0) == [1, 2]
+
+
+def test_inbox_takes_every_arrived_message_and_keeps_heartbeats_out():
+    """One get drains the queue: heartbeats update the Liveness (even those queued behind others),
+    the other messages come out one by one in order."""
+    q = queue.Queue()
+    for msg in [("heartbeat", 0, {}), ("reached", 1, {"iter": 3}), ("heartbeat", 1, {}), ("done", 0, None)]:
+        q.put(msg)
+    live = Liveness()
+    live.spawn(0, 0.0)
+    live.spawn(1, 0.0)
+    inbox = Inbox(q, live, clock=lambda: 7.0)
+    assert inbox.get(0.01) == ("reached", 1, {"iter": 3})
+    assert live.last == {0: 7.0, 1: 7.0} and q.empty()
+    assert inbox.get(0.01) == ("done", 0, None)
+    assert inbox.get(0.01) is None
+
+
+def test_join_barrier_goes_once_everyone_arrived_and_aborts_superseded_generations():
+    barrier = JoinBarrier()
+    barrier.open(1, [0, 2, 3])
+    barrier.arrive(1, 0)
+    barrier.arrive(1, 2)
+    assert not barrier.ready(1)
+    barrier.open(2, [0, 2])  # device 3 died before arriving: generation 2 supersedes 1
+    assert barrier.supersede(2) == [1] and barrier.verdict[1] == "abort"
+    barrier.arrive(1, 3)
+    assert not barrier.ready(1)  # a verdict is final
+    barrier.arrive(2, 2)
+    barrier.arrive(2, 0)
+    assert barrier.ready(2)
+    barrier.decide(2, "go")
+    assert not barrier.ready(2) and barrier.supersede(3) == []
+
+
+def test_source_generation_is_the_last_one_every_surviving_plan_device_joined():
+    """Generation 1's rebuild failed (device 0 died, device 2 never finished its join): the
+    survivors transfer from generation 0; a standby member (4) need not have joined."""
+    plans = [(0, 1, 2, 3), (0, 2, 3), (2, 3)]
+    joined = {0: {0, 1, 2, 3}, 1: {3}}
+    assert source_generation(plans, joined, {2, 3, 4}) == 0
+    assert source_generation(plans, {**joined, 1: {2, 3}}, {2, 3, 4}) == 1
+    assert source_generation(plans, {**joined, 2: {2, 3}}, {2, 3}) == 2
+    assert source_generation(plans, {}, {0, 1}) is None  # nothing joined yet: seed / checkpoint
+    assert source_generation([(0, 1), (2, 3)], {0: {0, 1}}, {0, 1}) == 0  # no live device of 1
+
+
+def test_join_stop_hits_the_first_join_at_or_after_its_iteration_once_per_life():
+    faults = (
+        FaultSpec("stop", at_iter=2, device=0, phase="join"),
+        FaultSpec("stop", at_iter=2, device=1),
+        FaultSpec("rejoin", at_iter=5, device=0),
+    )
+    assert join_stop(faults, 0, 1) is None
+    assert join_stop(faults, 0, 2) is faults[0] and join_stop(faults, 0, 4) is faults[0]
+    assert join_stop(faults, 0, 5) is None  # the re-joined process
+    assert join_stop(faults, 1, 3) is None  # a stop at the start of an iteration
+
+
+@pytest.mark.parametrize("value", [0.5, 61, "2", True])
+def test_heartbeat_timeout_is_validated(value):
+    with pytest.raises(ValueError, match=r"run\.heartbeat_timeout_s = .*\[1, 60\]"):
+        TrainConfig.from_dict({"run": {"heartbeat_timeout_s": value}})
+    assert TrainConfig.from_dict({"run": {"heartbeat_timeout_s": 5}}).heartbeat_timeout_s == 5
+
+
+# ---------------------------------------------------------------------------------- processes
+@pytest.mark.slow
+def test_hung_member_is_killed_then_a_member_hangs_while_joining(tmp_path):
+    """Device 1 freezes (SIGSTOP) at iteration 1: its TP peer blocks in a collective with it, the
+    controller hears no heartbeat for 2 s, SIGKILLs it, the closed sockets free the peers, and the
+    survivors rebuild; device 0 then freezes while joining generation 1 (after its groups are
+    built), so the others block in the state transfer until its heartbeat timeout too. Generation
+    2 (replica 1 alone) is built from generation 0's state and the losses equal the reference."""
+    res, config, plan, wall_s = _run(
+        tmp_path,
+        "[[faults]]\nkind = 'stop'\ndevice = 1\nat_iter = 1\nhang = true\n"
+        "[[faults]]\nkind = 'stop'\ndevice = 0\nat_iter = 1\nhang = true\nphase = 'join'\n",
+    )
+    assert [row["iter"] for row in res["iterations"]] == [0, 1, 2, 3]
+    assert [row["generation"] for row in res["iterations"]] == [0, 2, 2, 2]
+    assert [row["loss"] for row in res["iterations"]] == pytest.approx(_reference(plan, config), rel=1e-4)
+    stops = [(e["iter"], e["devices"], e["cause"]) for e in res["events"] if e["kind"] == "fail-stop"]
+    assert stops == [(1, [1], "heartbeat"), (1, [0], "heartbeat")]
+    last = [e for e in res["events"] if e["kind"] == "fail-stop"][-1]["recovery"]
+    assert 1.5 < last["detect_s"] < 10 and last["kill_to_commit_s"] < 40  # timeout 2 s, beats every 0.25
+    assert [e["generation"] for e in res["events"] if e["kind"] == "state-transfer"] == [2]
+    final, first = res["plans"][-1]["replicas"], res["plans"][0]["replicas"]
+    assert final[1] == first[1] and final[0][0]["devices"] == []  # replica 0 hollow: 1 runs it all
+    assert wall_s < 60, f"{wall_s:.1f} s: something waited for a gloo timeout"
+    assert alive(res["worker_pids"]) == [], "orphan worker processes"
+
+
+@pytest.mark.slow
+def test_death_while_joining_the_next_generation_recovers(tmp_path):
+    """Device 1 exits at iteration 2; device 0 exits while joining generation 1 (its groups built,
+    before the state transfer), so the survivors' join fails: they tear it down, keep their
+    generation-0 state and build generation 2 from it; iteration 2 is committed once, under it."""
+    res, config, plan, wall_s = _run(
+        tmp_path,
+        "[[faults]]\nkind = 'stop'\ndevice = 1\nat_iter = 2\n"
+        "[[faults]]\nkind = 'stop'\ndevice = 0\nat_iter = 2\nphase = 'join'\n",
+    )
+    assert [row["iter"] for row in res["iterations"]] == [0, 1, 2, 3]
+    assert [row["generation"] for row in res["iterations"]] == [0, 0, 2, 2]
+    assert [row["loss"] for row in res["iterations"]] == pytest.approx(_reference(plan, config), rel=1e-4)
+    stops = [(e["iter"], e["devices"], e["cause"]) for e in res["events"] if e["kind"] == "fail-stop"]
+    assert stops == [(2, [1], "exit"), (2, [0], "exit")]
+    replans = [(e["iter"], e["generation"]) for e in res["events"] if e["kind"] == "replan"]
+    assert replans == [(2, 1), (2, 2)]
+    final, first = res["plans"][-1]["replicas"], res["plans"][0]["replicas"]
+    assert final[1] == first[1] and final[0][0]["devices"] == []  # replica 0 hollow: 1 runs it all
+    assert [e["generation"] for e in res["events"] if e["kind"] == "state-transfer"] == [2]
+    assert wall_s < 60, f"{wall_s:.1f} s: something waited for a gloo timeout"
+    assert alive(res["worker_pids"]) == [], "orphan worker processes"
+
+
+@pytest.mark.slow
+def test_a_member_never_heard_from_fails_the_job_with_no_orphans(monkeypatch):
+    """The controller never hears device 0's heartbeats (a worker it cannot reach): after the start
+    timeout the job fails with WorkerFailed naming device 0, and every child is reaped."""
+
+    class Deaf(Liveness):
+        def beat(self, device: int, now: float) -> None:
+            if device != 0:
+                super().beat(device, now)
+
+    monkeypatch.setattr(controller, "Liveness", Deaf)
+    config = TrainConfig(seq_len=32, microbatches=1, iterations=500)
+    plan = Plan.uniform(SPEC, 1, 1, 2, 1)
+    job = JobSpec(spec=SPEC, workload=config.workload(), iterations=config.iterations)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerFailed, match="device 0 sent no heartbeat within 6 s") as failed:
+        controller.launch_elastic(plan, job, start_timeout_s=6.0)
+    assert failed.value.devices == [0] and 6.0 < time.monotonic() - t0 < 40
+    assert alive(failed.value.pids) == [], "orphan worker processes"
