@@ -2,18 +2,29 @@
 
 Immutable: applying a fault returns a new Cluster, so a scheduler can hold the state it planned for.
 Device ids are global, `node = id // gpus_per_node`.
+
+`gpu` is a hardware preset name (`resihp.cost.HARDWARE`) or a concrete `resihp.cost.Hardware`, e.g.
+one calibrated from the runtime's own measurements (`resihp.runtime.calibrate`); the cost model
+resolves either (`resihp.cost.hardware_preset`). core does not import cost, so an instance is
+checked by its attributes here. Per-device speed factors stay in `speed` either way.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+# What the cost model reads from a Hardware (resihp.cost.hardware): a `gpu` object must have these.
+HARDWARE_FIELDS = (
+    "name", "peak_flops", "hbm_bytes", "hbm_bw", "intra_bw", "inter_bw", "alpha_intra_s", "alpha_inter_s",
+    "efficiency",
+)  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Cluster:
     nodes: int
     gpus_per_node: int
-    gpu: str = "a100-80g"
+    gpu: object = "a100-80g"  # a preset name (str) or a resihp.cost.Hardware
     speed: tuple[float, ...] = ()  # per device, in (0, 1]; empty = all healthy
     alive: tuple[bool, ...] = ()  # per device; empty = all alive
     links: tuple[tuple[int, int, float], ...] = field(default=())  # (a, b, factor) with a < b
@@ -23,6 +34,16 @@ class Cluster:
             raise ValueError(f"cluster.nodes = {self.nodes!r}: must be a positive integer")
         if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
             raise ValueError(f"cluster.gpus_per_node = {self.gpus_per_node!r}: must be a positive integer")
+        if isinstance(self.gpu, str):
+            if not self.gpu:
+                raise ValueError("cluster.gpu = '': must be a hardware preset name or a Hardware")
+        else:
+            missing = [k for k in HARDWARE_FIELDS if not hasattr(self.gpu, k)]
+            if missing:
+                raise ValueError(
+                    f"cluster.gpu = {self.gpu!r}: must be a hardware preset name (str) or a "
+                    f"resihp.cost.Hardware; missing {', '.join(missing)}"
+                )
         n = self.nodes * self.gpus_per_node
         if not self.speed:
             object.__setattr__(self, "speed", (1.0,) * n)
@@ -32,6 +53,11 @@ class Cluster:
         for d, p in enumerate(self.speed):
             if not 0.0 < p <= 1.0:
                 raise ValueError(f"speed of device {d} = {p!r}: must lie in (0, 1]")
+
+    @property
+    def gpu_name(self) -> str:
+        """The preset name, or the Hardware's own name."""
+        return self.gpu if isinstance(self.gpu, str) else self.gpu.name
 
     @property
     def num_devices(self) -> int:

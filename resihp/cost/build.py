@@ -8,7 +8,8 @@ SwiGLU activation, embedding lookup, fp32 softmax of the logits) at HBM bandwidt
 divided by `cluster.speed[k]`. A TP group runs at its slowest member: the chunk row is the one of
 the device that is slowest at the batch's mean N and mean Σl² (a max of linear forms is not linear,
 so one device is picked per group and kind and the form stays exact for it). Exposed TP
-collectives are added to F and B (none in W).
+collectives are added to F and B (none in W). `Hardware.layer_overhead_s` (0 on the GPU presets)
+adds a fixed cost per layer to F and B, divided by the device's speed but not by its TP share.
 
 Cached per distinct (layers, first/last, split, speeds): a uniform 16,384-GPU plan has a handful
 of distinct stage shapes, so building its costs costs little more than walking its groups.
@@ -67,12 +68,14 @@ def _chunk_table(model, hw, num_layers, first, last, tp_split, ffn_split, speeds
     softmax = 3 * 4.0 * model.vocab / tp / hw.hbm_bw if last else 0.0  # fp32 logits: write, read, grad
     table = np.zeros((3, 3))
     ew_factor = (1.0, 2.0, 0.0)
+    fixed = num_layers * hw.layer_overhead_s / sp  # per device; F and B only
     for kind, (f_lin, f_att, f_logit) in enumerate(flops.KIND_FACTORS):
         alpha = (f_lin * lin + f_logit * logit) / x + ew_factor[kind] * ew + (softmax if kind < 2 else 0.0)
         beta = f_att * att / x
         alpha, beta = alpha / sp, beta / sp
-        k = int(np.argmax(alpha * n_mean + beta * sq_mean))
-        table[kind] = (0.0, alpha[k], beta[k])
+        c0 = fixed if kind < 2 else np.zeros_like(sp)
+        k = int(np.argmax(c0 + alpha * n_mean + beta * sq_mean))
+        table[kind] = (c0[k], alpha[k], beta[k])
     return table
 
 

@@ -7,6 +7,8 @@
 B is the bandwidth of the slowest link a ring uses: intra-node (NVLink) when both devices share a
 node, else the GPU's own NIC, divided by nothing and multiplied by the cluster's bandwidth factor
 `Cluster.link_factor(a, b)` for that device pair (a link fail-slow at factor 0.5 halves it).
+Point-to-point transfers use `Hardware.p2p_bw` / `alpha_p2p_s` instead when set (times the same
+factor).
 """
 
 from __future__ import annotations
@@ -56,6 +58,15 @@ class Links:
 
     def alpha(self, a: int, b: int) -> float:
         return self.hw.alpha_intra_s if a // self.gpn == b // self.gpn else self.hw.alpha_inter_s
+
+    def p2p_bw(self, a: int, b: int) -> float:
+        """`bw` for a point-to-point transfer: `Hardware.p2p_bw` (times the pair's factor) when set."""
+        if self.hw.p2p_bw is None:
+            return self.bw(a, b)
+        return self.hw.p2p_bw * self.factors.get((min(a, b), max(a, b)), 1.0)
+
+    def p2p_alpha(self, a: int, b: int) -> float:
+        return self.alpha(a, b) if self.hw.alpha_p2p_s is None else self.hw.alpha_p2p_s
 
     def bw_pairs(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Vectorised `bw` over arrays of device ids."""
@@ -113,10 +124,10 @@ def pp_transfer_s(
     alpha = 0.0
     for c in range(n):
         s, r = send[c * ts // n], recv[c * tr // n]
-        dt = piece / links.bw(s, r)
+        dt = piece / links.p2p_bw(s, r)
         load[("s", s)] = load.get(("s", s), 0.0) + dt
         load[("r", r)] = load.get(("r", r), 0.0) + dt
-        alpha = max(alpha, links.alpha(s, r))
+        alpha = max(alpha, links.p2p_alpha(s, r))
     total = alpha + max(load.values())
     if gather and ts != tr and tr > 1:
         bw, a = links.ring(recv)

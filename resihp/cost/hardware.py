@@ -5,6 +5,15 @@ Link bandwidths are *effective* per-direction rates, 0.8 x the datasheet rate (c
 suggested default until calibrated with nccl-tests busbw). `efficiency` is the achieved fraction of
 peak for matmul-dominated work (0.45 on A100, 0.40 on Hopper, cost-model.md §1.4); it is an input
 calibrated against published MFU, not a prediction.
+
+`p2p_bw` / `alpha_p2p_s` (None: the link's `intra_bw` / `inter_bw` and latency, as collectives): the
+point-to-point (pipeline) transfers' own rate and latency, for fabrics where they differ from the
+collectives' — the CPU runtime's link model throttles P2P blocks only (`resihp.runtime.calibrate`).
+`layer_overhead_s`: a fixed cost per layer in every F and B chunk (kernel launches, framework
+dispatch), not shared by TP; 0 on the GPU presets, where the matmuls dominate, but what dominates
+the CPU runtime's tiny models.
+A `Cluster` carries a preset name or a Hardware instance (`Cluster.gpu`); `hardware_preset`
+resolves both.
 """
 
 from __future__ import annotations
@@ -27,13 +36,25 @@ class Hardware:
     alpha_intra_s: float  # latency per collective step inside a node
     alpha_inter_s: float  # latency per collective step across nodes
     efficiency: float  # achieved / peak FLOP/s for the matmuls (calibrated)
+    p2p_bw: float | None = None  # effective P2P (pipeline) bandwidth, bytes/s; None: intra_bw / inter_bw
+    alpha_p2p_s: float | None = None  # latency per P2P transfer; None: alpha_intra_s / alpha_inter_s
+    layer_overhead_s: float = 0.0  # fixed seconds per layer in each F and B chunk (launch / dispatch)
 
     def __post_init__(self) -> None:
         for key in ("peak_flops", "hbm_bytes", "hbm_bw", "intra_bw", "inter_bw"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"hardware.{key} = {getattr(self, key)!r}: must be > 0")
+        for key in ("alpha_intra_s", "alpha_inter_s"):
+            if not getattr(self, key) >= 0:
+                raise ValueError(f"hardware.{key} = {getattr(self, key)!r}: must be >= 0")
         if not 0.0 < self.efficiency <= 1.0:
             raise ValueError(f"hardware.efficiency = {self.efficiency!r}: must lie in (0, 1]")
+        if self.p2p_bw is not None and not self.p2p_bw > 0:
+            raise ValueError(f"hardware.p2p_bw = {self.p2p_bw!r}: must be > 0 (or None: the link's)")
+        if self.alpha_p2p_s is not None and not self.alpha_p2p_s >= 0:
+            raise ValueError(f"hardware.alpha_p2p_s = {self.alpha_p2p_s!r}: must be >= 0 (or None)")
+        if not self.layer_overhead_s >= 0:
+            raise ValueError(f"hardware.layer_overhead_s = {self.layer_overhead_s!r}: must be >= 0")
 
     @property
     def achieved_flops(self) -> float:
@@ -85,8 +106,11 @@ HARDWARE: dict[str, Hardware] = {
 }
 
 
-def hardware_preset(name: str) -> Hardware:
-    """The preset called `name`; ValueError listing the allowed names otherwise."""
+def hardware_preset(name: str | Hardware) -> Hardware:
+    """The preset called `name` (a Hardware is returned unchanged, so `hardware_preset(cluster.gpu)`
+    takes either form of `Cluster.gpu`); ValueError listing the allowed names otherwise."""
+    if isinstance(name, Hardware):
+        return name
     try:
         return HARDWARE[name]
     except KeyError:

@@ -30,6 +30,7 @@ TOML layout (every key optional; defaults = the embedded default job):
     snapshots = false            # in-memory peer snapshots: survive losing every replica of a stage
     link_mb_per_s = 0.0          # nominal P2P bandwidth, MB/s: a block of B bytes takes >= B/bw (0: off)
     heartbeat_timeout_s = 3.0    # a worker silent this long is hung: killed, then a fail-stop (1 to 60)
+    devices_per_node = 8         # optional: devices d // devices_per_node share a node agent (default: all)
 
 A bad key or value raises ValueError naming `section.key`, the value and what is allowed; a plan
 that does not fit the model or the requested workers fails the same way, before any process starts.
@@ -69,6 +70,7 @@ SECTIONS: dict[str, dict[str, str]] = {
         "snapshots": "snapshots",
         "link_mb_per_s": "link_mb_per_s",
         "heartbeat_timeout_s": "heartbeat_timeout_s",
+        "devices_per_node": "devices_per_node",
     },
 }
 _WHERE = {fld: f"{sec}.{key}" for sec, keys in SECTIONS.items() for key, fld in keys.items()}
@@ -99,6 +101,7 @@ class TrainConfig:
     snapshots: bool = False
     link_mb_per_s: float = 0.0
     heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S
+    devices_per_node: int | None = None  # None: every device on one node (one agent)
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "microbatches", "seq_len", "iterations", "workers"):
@@ -124,6 +127,12 @@ class TrainConfig:
         if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
             raise ValueError(
                 f"run.heartbeat_timeout_s = {v!r}: must be a number of seconds in [{lo:g}, {hi:g}]"
+            )
+        v = self.devices_per_node
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise ValueError(
+                f"run.devices_per_node = {v!r}: must be a positive integer (devices d with the same "
+                "d // devices_per_node share a node agent; leave it out for one node)"
             )
         if not isinstance(self.timing, bool):
             raise ValueError(f"run.timing = {self.timing!r}: must be true or false")

@@ -1,17 +1,20 @@
 """Controller of the elastic runtime: commits iterations, publishes Plan generations, survives stops.
 
-The controller (the calling process) hosts the `TCPStore`, spawns one member process per device
-(`member.py`) and acts as their node agent: it watches the processes and reads their messages.
+The controller (the calling process) hosts the `TCPStore` and reads the members' messages; one agent
+process per node (`agent.py`) spawns, watches, kills and reaps that node's member processes
+(`member.py`) on its commands and reports their exits and heartbeats.
 
 * Commit: iteration k of generation g is committed when every plan device of g reported `reached`
   at its STEP; the controller then writes `decision/{g}/{k}` = `commit` (or `next` when a planned
   replan starts at k + 1, after publishing `plan/{g+1}`). The committed history holds each
   iteration exactly once, with the losses of the generation that committed it.
-* Liveness (`liveness.py`): every member beats every 0.25 s; one silent for `heartbeat_timeout_s`
-  is hung (a frozen process, a hung device) and is SIGKILLed — its sockets close, so peers blocked
-  in a collective with it fail at once — and from then on it is a fail-stop (`"cause":
-  "heartbeat"`; a process that exited by itself: `"cause": "exit"`). A member with no first
-  heartbeat within `start_timeout_s` of its spawn fails the job (`WorkerFailed`).
+* Liveness (`liveness.py`): every member beats every 0.25 s (through its agent); one silent for
+  `heartbeat_timeout_s` is hung (a frozen process, a hung device) and its agent SIGKILLs it — its
+  sockets close, so peers blocked in a collective with it fail at once — and from then on it is a
+  fail-stop (`"cause": "heartbeat"`; a process that exited by itself: `"cause": "exit"`). A member
+  with no first heartbeat within `start_timeout_s` of its spawn fails the job (`WorkerFailed`). An
+  agent that exits or is silent for `heartbeat_timeout_s` is a dead node: every device of it is a
+  fail-stop (`"cause": "node"`).
 * Fail-stop: a member process that exited is a `fail-stop` of its device. The controller asks the
   scheduler policy for generation g+1 over the survivors (`reconfig.replan_after_stop`, falling
   back to `shrink_plan`), publishes it, then writes `abort` for
@@ -27,18 +30,19 @@ The controller (the calling process) hosts the `TCPStore`, spawns one member pro
 
 from __future__ import annotations
 
-import os
+import multiprocessing as mp
 import pickle
 import time
 from collections.abc import Callable
 
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from resihp.core.plan import Plan
 
+from .agent import Agents
+from .calibrate import calibrate_hardware
 from .checkpoint import savers, write_meta
-from .launch import JobSpec, WorkerFailed, _fail, _gather, _reap
+from .launch import JobSpec, WorkerFailed, _gather
 from .liveness import (
     HEARTBEAT_TIMEOUT_S,
     START_TIMEOUT_S,
@@ -48,7 +52,7 @@ from .liveness import (
     go_key,
     source_generation,
 )
-from .member import decision_key, member_main, plan_key
+from .member import decision_key, plan_key
 from .reconfig import grow_plan, replan_after_slow, replan_after_stop
 from .slowwatch import SlowWatch, slow_event
 from .snapshot import holders
@@ -68,6 +72,7 @@ def launch_elastic(
     policy: str | None = "resihp",
     heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
     start_timeout_s: float = START_TIMEOUT_S,
+    devices_per_node: int | None = None,
 ) -> dict:
     """Run `job` from `plan` (generation 0), switching to each `(iteration, plan)` of `replans` at
     that iteration boundary and recovering from member deaths; returns records, state and events.
@@ -75,13 +80,15 @@ def launch_elastic(
     `on_commit(it, plan, payloads)` is called once per committed iteration with each plan device's
     {"losses", "wall_s"} (device order). The result: {"records": {it: [trace records]}, "state":
     replica -> full state dict of the final plan (with `job.return_state`), "events", "plans",
-    "pids"}. With `detect_slow`, committed iterations' compute (and, with `job.link_mb_per_s`, P2P
-    transfer) timings go to `SlowWatch`; its new `fail-slow` / `link-slow` reports go to the
-    scheduler `policy` (`reconfig.replan_after_slow`; None or no usable plan: the `rebalance_slow`
-    rule), whose plan runs from the next iteration boundary on. After a fail-stop, generation g+1
-    comes from the `policy` too (`reconfig.replan_after_stop`; None: the `shrink_plan` rule).
+    "pids": every agent and member process}. With `detect_slow`, committed iterations' compute
+    (and, with `job.link_mb_per_s`, P2P transfer) timings go to `SlowWatch`; its new `fail-slow` /
+    `link-slow` reports go to the scheduler `policy` (`reconfig.replan_after_slow`; None or no
+    usable plan: the `rebalance_slow` rule), whose plan runs from the next iteration boundary on.
+    After a fail-stop, generation g+1 comes from the `policy` too (`reconfig.replan_after_stop`;
+    None: the `shrink_plan` rule).
     A member silent for `heartbeat_timeout_s` is killed (then a fail-stop); one with no heartbeat
-    `start_timeout_s` after its spawn fails the job.
+    `start_timeout_s` after its spawn fails the job. Devices `d` with the same `d // devices_per_node`
+    (None: all) form a node with one agent; a node whose agent dies or goes silent loses them all.
     """
     replans = {it: p for it, p in replans}
     rejoins: dict[int, list[int]] = {}
@@ -89,14 +96,12 @@ def launch_elastic(
         if f.kind == "rejoin":
             rejoins.setdefault(f.at_iter, []).append(f.device)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["resihp.runtime.member", "torch._dynamo"])
-    results = ctx.Queue()
+    results = mp.get_context("spawn").Queue()
     gen, cur, it = 0, plan, job.start_iteration
     end = job.start_iteration + job.iterations
     members = set(plan.devices()) | set(plan.standby)
     msg0 = {"generation": 0, "plan": plan, "members": sorted(members), "start": it, "source": None}
-    by_dev, records, shards, events, plans = {}, {}, {}, [], [plan]
+    records, shards, events, plans = {}, {}, [], [plan]
     reached: dict[int, dict] = {}
     joined: dict[int, list[dict]] = {}
     done: set[int] = set()
@@ -105,16 +110,19 @@ def launch_elastic(
     abort_since = None
     watch = None
     if detect_slow and job.timing:
-        watch = SlowWatch(links=job.link_mb_per_s > 0)
+        # the first baseline also calibrates the hardware the policy plans on (calibrate.py)
+        fit = lambda g, recs: calibrate_hardware(plans[g], job.workload, recs, job.link_mb_per_s)  # noqa: E731
+        watch = SlowWatch(links=job.link_mb_per_s > 0, calibrate=fit)
     why: dict[int, tuple[str, int]] = {}  # iteration -> (reason, generation) of a fail-slow replan
     saved: dict[int, set[int]] = {}  # checkpoint iteration -> devices that wrote their shards
     liveness = Liveness(heartbeat_timeout_s, start_timeout_s)
-    inbox = Inbox(results, liveness)
+    agents = Agents(results, devices_per_node, heartbeat_timeout_s, start_timeout_s)
+    inbox = Inbox(results, liveness, nodes=agents.liveness, track=agents.track)
     barrier = JoinBarrier()
     barrier.open(0, members)
     joined_devs: dict[int, set[int]] = {}  # generation -> members that completed its join
     bodies: dict[int, dict] = {0: msg0}
-    killed: dict[int, str] = {}  # device -> why the controller killed it
+    killed: dict[int, str] = {}  # device -> why the controller killed it (heartbeat | node)
     aborts: dict[int, str] = {}  # device -> its failed collective, in the current generation
 
     def publish(new: Plan, start: int, reason: str = "planned", source: tuple | None = None) -> None:
@@ -130,13 +138,8 @@ def launch_elastic(
             {"iter": start, "kind": "replan", "generation": gen, "devices": cur.devices(), "reason": reason}
         )
 
-    procs = []
-
     def spawn(dev: int, msg: dict) -> None:
-        args = (msg, job, tuple(faults), dev, store.port, os.getpid(), results)
-        by_dev[dev] = ctx.Process(target=member_main, args=args, daemon=True)
-        by_dev[dev].start()
-        procs.append(by_dev[dev])
+        agents.spawn(dev, pickle.dumps((msg, job, tuple(faults), dev, store.port)))
         liveness.spawn(dev, time.monotonic())
         stopping.pop(dev, None)
         killed.pop(dev, None)
@@ -144,25 +147,51 @@ def launch_elastic(
             got.discard(dev)
 
     def check_alive() -> None:
-        """Kill members silent for longer than the heartbeat timeout (they become fail-stops); fail
-        the job when a spawned member never sent its first heartbeat."""
+        """Have members silent for longer than the heartbeat timeout killed, and fence the nodes
+        whose agent died or went silent (their devices become fail-stops); fail the job when a
+        spawned member or agent never sent its first heartbeat."""
         now = time.monotonic()
         for d in liveness.hung(now):
-            if d in members and d not in done and by_dev[d].exitcode is None:
-                by_dev[d].kill()  # SIGKILL works on a stopped process too; its sockets close
-                by_dev[d].join(5.0)
+            if d in members and d not in done and agents.exitcode(d) is None:
+                agents.kill(d)  # SIGKILL works on a stopped process too; its agent reports the exit
                 killed[d] = "heartbeat"
                 stopping.setdefault(d, time.time() - (now - liveness.last[d]))  # silent since
             liveness.forget(d)
-        late = [d for d in liveness.unstarted(now) if by_dev[d].exitcode is None]
-        if late:
+        heard = dict(agents.liveness.last)  # each agent's last beat, before `lost` forgets the dead
+        for node, devs in agents.lost(now).items():  # fenced: their processes are dead
+            for d in devs:
+                killed[d] = "node"
+                if node in heard:
+                    stopping.setdefault(d, time.time() - (now - heard[node]))  # silent since
+                liveness.forget(d)
+        late = [d for d in liveness.unstarted(now) if agents.exitcode(d) is None]
+        who = [f"worker of device {d}" for d in late] + [f"agent of node {n}" for n in agents.unstarted(now)]
+        if who:
             raise WorkerFailed(
-                "\n".join(
-                    f"worker of device {d} sent no heartbeat within {start_timeout_s:g} s" for d in late
-                ),
+                "\n".join(f"{w} sent no heartbeat within {start_timeout_s:g} s" for w in who),
                 late,
-                [p.pid for p in procs],
+                agents.pids,
             )
+
+    def fail(errors: dict[int, str]) -> None:
+        """Raise WorkerFailed blaming, first, members that died without a word (the likely root
+        cause: their peers' collectives then fail with "connection closed"), then those that
+        raised; it first waits 1 s for the other consequences of one failure to arrive."""
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            inbox.drain(0.1)
+        errors.update({d: p for k, d, p in inbox.pending if k == "error"})
+        dead = [d for d in sorted(agents.code) if d not in done and d not in errors and agents.exitcode(d)]
+        lines = [f"worker of device {d} died (exit code {agents.exitcode(d)})" for d in dead]
+        lines += [f"worker of device {d} failed:\n{tb}" for d, tb in sorted(errors.items())]
+        raise WorkerFailed("\n".join(lines), dead + sorted(errors), agents.pids)
+
+    def close(grace_s: float) -> None:
+        """Shut the agents down (their members get `grace_s` to exit by themselves), read their last
+        reports (every pid), kill a member that outlived its agent."""
+        agents.shutdown(grace_s)
+        inbox.drain()
+        agents.fence()
 
     try:
         for dev in sorted(members):
@@ -172,11 +201,12 @@ def launch_elastic(
             kind, dev, payload = inbox.get(0.05) or (None, None, None)
             check_alive()
             # exit code 0: a member that finished; its "done" may still be in the queue
-            dead = sorted(d for d in members if d not in done and by_dev[d].exitcode not in (None, 0))
+            dead = sorted(d for d in members if d not in done and agents.exitcode(d) not in (None, 0))
             if dead and not finished:
                 t_detect = time.time()
                 time.sleep(0.1)  # collect the other deaths of one event (two devices stopped at once)
-                dead = sorted(d for d in members if d not in done and by_dev[d].exitcode not in (None, 0))
+                inbox.drain()
+                dead = sorted(d for d in members if d not in done and agents.exitcode(d) not in (None, 0))
                 members -= set(dead)
                 for d in dead:
                     liveness.forget(d)
@@ -196,7 +226,7 @@ def launch_elastic(
                             f"devices {dead} stopped at iteration {it} and the job cannot go on: {e} "
                             "(run.snapshots = true keeps an in-memory copy of every stage on a peer)",
                             dead,
-                            [p.pid for p in procs],
+                            agents.pids,
                         ) from None
                     hold = holders(base)
                     source_stages(base, members, hold)
@@ -204,8 +234,9 @@ def launch_elastic(
                     used = sorted({hold[d] for d in lost if d in hold})
                     events.append({"iter": it, "kind": "snapshot-restore", "devices": used, "lost": lost})
                 new, reason = replan_after_stop(
-                    plan, base, members, gen + 1, job.workload, policy, absorb=job.snapshots
-                )
+                    plan, base, members, gen + 1, job.workload, policy, absorb=job.snapshots,
+                    hardware=None if watch is None else watch.hardware,
+                )  # fmt: skip
                 plan_s = time.perf_counter() - t0
                 publish(new, it, reason, None if src is None else (src, base))
                 for g_old in barrier.supersede(gen):  # generations still before their rendezvous
@@ -216,24 +247,18 @@ def launch_elastic(
                 first = t_stop if recovery is None else min(t_stop, recovery["t_stop"])  # not recovered yet
                 recovery = {"t_stop": first, "detect_s": t_detect - t_stop, "plan_s": plan_s, "gen": gen}
             elif dead:
-                _fail(by_dev, done, {}, results)
+                fail({})
             if abort_since is not None and time.monotonic() - abort_since > ABORT_GRACE_S:
-                _fail(
-                    by_dev,
-                    done,
-                    {d: f"reported a failed collective, no process died: {e}" for d, e in aborts.items()},
-                    results,
-                )
+                fail({d: f"reported a failed collective, no process died: {e}" for d, e in aborts.items()})
             if (
                 not finished
                 and barrier.ready(gen)
-                and all(by_dev[d].exitcode is None for d in barrier.expected[gen])
+                and all(agents.exitcode(d) is None for d in barrier.expected[gen])
             ):
                 store.set(go_key(gen), "go")  # every member of gen is at its rendezvous, alive
                 barrier.decide(gen, "go")
             if kind == "error":
-                errors = {d: p for k, d, p in inbox.pending if k == "error"}  # read, not yet handled
-                _fail(by_dev, done, {**errors, dev: payload}, results)
+                fail({dev: payload})
             elif kind == "stopping":
                 stopping[dev] = payload["time"]
             elif kind == "joining":
@@ -291,8 +316,9 @@ def launch_elastic(
                     if found:  # the scheduler decides (reconfig.replan_after_slow), from it + 1
                         known = (watch.speeds, watch.link_factors)
                         new, reason = replan_after_slow(
-                            plan, cur, members, gen + 1, job.workload, policy, *known, found
-                        )
+                            plan, cur, members, gen + 1, job.workload, policy, *known, found,
+                            hardware=watch.hardware,
+                        )  # fmt: skip
                         if new is not None and it + 1 < end and (it + 1 not in replans or it + 1 in why):
                             replans[it + 1], why[it + 1] = new, (reason, gen)  # a later report re-decides
                             reason = f"replan at iteration {it + 1}: {reason}"
@@ -311,10 +337,9 @@ def launch_elastic(
             elif kind == "done":
                 done.add(dev)
                 liveness.forget(dev)
-        for p in procs:
-            p.join(10.0)
-    finally:
-        _reap(procs)
+        close(10.0)  # every member said done: let them exit
+    finally:  # (a WorkerFailed carries `agents.pids`: complete once this close read the last reports)
+        close(0.0)
         results.close()
         store = None  # shut the TCPStore down with its last reference
     return {
@@ -322,7 +347,7 @@ def launch_elastic(
         "state": _gather(cur, shards) if job.return_state else {},
         "events": events,
         "plans": plans,
-        "pids": [p.pid for p in procs],
+        "pids": agents.pids,
     }
 
 

@@ -2,15 +2,17 @@
 
 Torch-free; the controller (`controller.py`) uses all three, member processes send the messages.
 
-* Heartbeats: every member process puts ("heartbeat", device, {"time"}) on the results queue every
-  `HEARTBEAT_S` from a daemon thread (`member.start_heartbeat`). Gloo and store waits release the
-  GIL, so a member blocked in a collective still beats; only a dead or frozen process (SIGSTOP, a
-  hung device) goes silent. The controller reads the queue through an `Inbox`, which takes every
-  message that has arrived before handing one out and feeds heartbeats to a `Liveness`: silence is
-  judged on current data even right after the controller itself was busy (a replan, a checkpoint).
-  A member silent for `timeout_s` after its first beat is *hung* (the controller SIGKILLs it, and
-  its death is a fail-stop); one with no first beat `start_timeout_s` after its spawn never
-  started (the job fails).
+* Heartbeats: every member process puts ("heartbeat", device, {"time", "pid"}) on its node agent's
+  queue every `HEARTBEAT_S` from a daemon thread (`member.Heartbeat`). Gloo and store waits release
+  the GIL, so a member blocked in a collective still beats; only a dead or frozen process (SIGSTOP, a
+  hung device) goes silent. The agent (`agent.py`) forwards its members' last beats with its own
+  beat, ("agent", node, {"time", "beats"}), every `HEARTBEAT_S`. The controller reads its queue
+  through an `Inbox`, which takes every message that has arrived before handing one out and feeds
+  heartbeats to a `Liveness` (one for the members, one for the agents): silence is judged on current
+  data even right after the controller itself was busy (a replan, a checkpoint). A member silent for
+  `timeout_s` after its first beat is *hung* (its agent SIGKILLs it on the controller's command, and
+  its death is a fail-stop); one with no first beat `start_timeout_s` after its spawn never started
+  (the job fails). A silent agent is a dead node.
 * `JoinBarrier`: a member reports `joining` generation g and waits on the store key `go/{g}`
   before any gloo call of g. The controller writes `go` once every member of g has arrived (and
   lives), or `abort` when g is superseded first (a member died): a death before `go` never
@@ -73,18 +75,30 @@ class Liveness:
 
 
 class Inbox:
-    """The members' results queue, heartbeats taken out into a `Liveness`.
+    """The controller's queue (members' and agents' messages), liveness reports taken out.
 
-    `get` first takes every message that has arrived, so that the heartbeat times are current
-    whenever the controller checks for silence, then hands out the oldest other message (or None).
+    `get` first takes every message that has arrived (`drain`), so that the heartbeat times and the
+    process table are current whenever the controller checks, then hands out the oldest other
+    message (or None). A member's ("heartbeat", device, _) and an agent's ("agent", node, {"time",
+    "beats": {device: t}}) go to `liveness` — a forwarded beat dated by its age on the agent's clock,
+    `time - t` — and the agent's own beat to `nodes`; ("spawned" | "exited", ...) go to `track`.
     """
 
-    def __init__(self, queue, liveness: Liveness, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        queue,
+        liveness: Liveness,
+        clock: Callable[[], float] = time.monotonic,
+        nodes: Liveness | None = None,
+        track: Callable[[tuple], None] | None = None,
+    ):
         self.queue, self.liveness, self.clock = queue, liveness, clock
+        self.nodes, self.track = nodes, track
         self.pending: deque = deque()
 
-    def get(self, timeout_s: float) -> tuple | None:
-        block = not self.pending
+    def drain(self, timeout_s: float = 0.0) -> None:
+        """Take every message that has arrived, waiting up to `timeout_s` for the first one."""
+        block = timeout_s > 0
         while True:
             try:
                 msg = self.queue.get(timeout=timeout_s) if block else self.queue.get_nowait()
@@ -93,8 +107,18 @@ class Inbox:
             block = False
             if msg[0] == "heartbeat":
                 self.liveness.beat(msg[1], self.clock())
+            elif msg[0] == "agent":
+                now = self.clock()
+                self.nodes.beat(msg[1], now)
+                for dev, t in msg[2]["beats"].items():
+                    self.liveness.beat(dev, now - (msg[2]["time"] - t))
+            elif msg[0] in ("spawned", "exited"):
+                self.track(msg)
             else:
                 self.pending.append(msg)
+
+    def get(self, timeout_s: float) -> tuple | None:
+        self.drain(0.0 if self.pending else timeout_s)
         return self.pending.popleft() if self.pending else None
 
 

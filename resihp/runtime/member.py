@@ -19,9 +19,11 @@ generation, reported as `abort`, and the member waits for g+1. A member keeps th
 when it left each generation it joined (`held`), so g+1 can transfer from the last generation every
 survivor joined (the message's `source`), even when g itself never ran an iteration.
 
-Every member process beats: a daemon thread puts ("heartbeat", device, ...) on the results queue
-every `HEARTBEAT_S` (`start_heartbeat`), whatever the main thread waits for; a frozen process
-goes silent and the controller kills it (`liveness.Liveness`).
+A member is spawned by its node's agent (`agent.py`) and exits when that agent is gone. It beats: a
+daemon thread puts ("heartbeat", device, ...) on the agent's queue every `HEARTBEAT_S` (`Heartbeat`),
+whatever the main thread waits for, and the agent forwards the beats to the controller; a frozen
+process goes silent and the controller has its agent kill it (`liveness.Liveness`). Every other
+message goes straight to the controller's results queue.
 
 A collective that fails because a peer died raises RuntimeError; the member reports `abort` and
 leaves at once. Leaving drops every reference to the generation's process groups and destroys
@@ -43,10 +45,11 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from .agent import watch
 from .checkpoint import load_init, save_shard
 from .faults import faults_at, join_stop
 from .groups import build_groups
-from .launch import PG_TIMEOUT_S, _watch_controller, exit_after
+from .launch import PG_TIMEOUT_S, exit_after
 from .liveness import HEARTBEAT_S, go_key
 from .snapshot import exchange, holders
 from .transfer import holding_of, transfer
@@ -67,45 +70,57 @@ def decision_key(generation: int, it: int) -> str:
     return f"decision/{generation}/{it}"
 
 
-def member_main(msg: dict, job, faults, device: int, port: int, controller: int, results) -> None:
-    """Process entry point; `msg` is the first generation's {"generation", "plan", "members", "start",
-    "source"} (a member that re-joins a running job starts in generation g > 0; it holds nothing of
-    `source` but takes part in its transfer)."""
-    _watch_controller(controller)
+def member_main(blob: bytes, beats, results, agent: int) -> None:
+    """Process entry point (spawned by the agent process `agent`); `blob` pickles (msg, job, faults,
+    device, store port), `msg` being the first generation's {"generation", "plan", "members",
+    "start", "source"} (a member that re-joins a running job starts in generation g > 0; it holds
+    nothing of `source` but takes part in its transfer). `beats`: the agent's heartbeat queue."""
+    msg, job, faults, device, port = pickle.loads(blob)
+    watch(agent, lambda: os._exit(3))  # a dead agent (a dead node) takes its members down
     # The modules preloaded by the forkserver (torch, ...) are millions of objects: a full
     # collection over them holds the GIL for 0.1-1 s, which silences the heartbeat thread; frozen,
     # they are never scanned, and `gc.collect()` at a generation change takes milliseconds.
     gc.freeze()
-    quiet = start_heartbeat(device, results)
+    heart = Heartbeat(device, beats)
 
     def body() -> None:
         torch.set_num_threads(1)
         store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=PG_TIMEOUT_S))
-        _run(msg, job, faults, device, store, results, quiet)
+        _run(msg, job, faults, device, store, results, heart)
 
-    exit_after(device, results, body)
+    exit_after(device, results, body, heart.stop)
 
 
-def start_heartbeat(device: int, results, period_s: float = HEARTBEAT_S) -> threading.Event:
-    """Put ("heartbeat", device, {"time"}) on `results` every `period_s` from a daemon thread, until
-    the returned Event is set or the queue is closed (the process is exiting)."""
-    quiet = threading.Event()
+class Heartbeat:
+    """A daemon thread that puts ("heartbeat", device, {"time", "pid"}) on the agent's queue `beats`
+    every `period_s` until `stop`."""
 
-    def beat() -> None:
-        while not quiet.is_set():
-            try:
-                results.put(("heartbeat", device, {"time": time.time()}))
-            except (ValueError, OSError):  # closed by exit_after / fail_now
-                return
-            quiet.wait(period_s)
+    def __init__(self, device: int, beats, period_s: float = HEARTBEAT_S) -> None:
+        self.beats, self.quiet = beats, threading.Event()
 
-    threading.Thread(target=beat, name="heartbeat", daemon=True).start()
-    return quiet
+        def beat() -> None:
+            while not self.quiet.is_set():
+                try:
+                    beats.put(("heartbeat", device, {"time": time.time(), "pid": os.getpid()}))
+                except (ValueError, OSError):  # closed
+                    return
+                self.quiet.wait(period_s)
+
+        self.thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Silence the thread and flush the queue: a process that then exits or freezes holds no lock
+        of the agent's queue (killed or frozen mid-write, it would silence its whole node)."""
+        self.quiet.set()
+        self.thread.join(1.0)
+        self.beats.close()
+        self.beats.join_thread()
 
 
 def _wait_key(store, key: str) -> bytes:
     """The value of `key` once the controller writes it, however long that takes (a standby member
-    may wait a whole run for the next generation); the controller watchdog ends an orphan."""
+    may wait a whole run for the next generation); the agent watchdog ends an orphan."""
     while True:
         try:
             store.wait([key], timedelta(seconds=PG_TIMEOUT_S))
@@ -122,7 +137,7 @@ def _teardown() -> None:
     gc.collect()
 
 
-def _run(msg: dict, job, faults, device: int, store, results, quiet: threading.Event) -> None:
+def _run(msg: dict, job, faults, device: int, store, results, heart: Heartbeat) -> None:
     end = job.start_iteration + job.iterations
     # generation -> (Holding or None, snapshots): the committed state this member left it with
     held: dict[int, tuple] = {}
@@ -153,7 +168,7 @@ def _run(msg: dict, job, faults, device: int, store, results, quiet: threading.E
             groups = build_groups(plan, device, ranks, timeout=short)
             stop = join_stop(faults, device, it)
             if stop is not None:  # the injected death (or hang) during a rebuild
-                fail_now(stop, device, it, results, quiet)
+                fail_now(stop, device, it, results, heart)
             t1 = time.perf_counter()
             steps = it if job.resume else it - job.start_iteration  # committed optimizer steps
             if source is not None:
@@ -183,7 +198,7 @@ def _run(msg: dict, job, faults, device: int, store, results, quiet: threading.E
         leave = (
             "standby"
             if worker is None
-            else _iterate(worker, g, it, end, faults, store, results, ranks, snaps, quiet)
+            else _iterate(worker, g, it, end, faults, store, results, ranks, snaps, heart)
         )
         t_left = time.perf_counter()
         if leave != "end":  # a standby member holds nothing but still takes part in the next transfer
@@ -201,14 +216,14 @@ def _run(msg: dict, job, faults, device: int, store, results, quiet: threading.E
     results.put(("done", device, None))
 
 
-def fail_now(fault, device: int, it: int, results, quiet: threading.Event | None = None) -> None:
+def fail_now(fault, device: int, it: int, results, heart: Heartbeat | None = None) -> None:
     """Carry out an injected `stop`: say when (for the recovery measurement), then exit hard like a
     crashed process, or, with `hang`, freeze (SIGSTOP: alive but silent, like a hung device).
-    `quiet` stops the heartbeat thread first: frozen mid-write, a process would keep the queue's
-    cross-process write lock and silence every member."""
+    `heart` is stopped first: frozen mid-write, a process would keep a queue's cross-process write
+    lock and silence every member of its node."""
     results.put(("stopping", device, {"iter": it, "time": time.time(), "hang": fault.hang}))
-    if quiet is not None:
-        quiet.set()
+    if heart is not None:
+        heart.stop()
     if fault.hang:
         time.sleep(0.2)  # let the queue's feeder thread deliver the message first
         os.kill(os.getpid(), signal.SIGSTOP)
@@ -218,11 +233,11 @@ def fail_now(fault, device: int, it: int, results, quiet: threading.Event | None
 
 
 def _iterate(
-    worker: Worker, g: int, it: int, end: int, faults, store, results, ranks, snaps: dict, quiet=None
+    worker: Worker, g: int, it: int, end: int, faults, store, results, ranks, snaps: dict, heart=None
 ) -> str:
     """Run and commit iterations from `it`; returns why the generation ends: next | abort | end.
     With `job.snapshots`, `snaps` is refreshed after every committed step (`snapshot.exchange`).
-    `quiet`: the heartbeat's off switch, for an injected stop."""
+    `heart`: the heartbeat, stopped by an injected stop."""
     device, decision = worker.device, {}
 
     def before_step(k: int, losses: list, wall_s: float) -> None:
@@ -236,9 +251,9 @@ def _iterate(
     while it < end:
         stop, worker.slow, worker.link = faults_at(faults, device, it)
         if stop is not None and stop.phase == "start":
-            fail_now(stop, device, it, results, quiet)
+            fail_now(stop, device, it, results, heart)
         worker.on_allreduce = (
-            None if stop is None else (lambda f=stop, k=it: fail_now(f, device, k, results, quiet))
+            None if stop is None else (lambda f=stop, k=it: fail_now(f, device, k, results, heart))
         )
         failed = None
         try:

@@ -130,14 +130,17 @@ def replan_after_stop(
     workload,
     policy: str | None,
     absorb: bool = False,
+    hardware=None,
 ) -> tuple[Plan, str]:
     """(plan of `generation` over the live `members`, why): the scheduler policy's plan (architecture
     §1: the Scheduler decides, the runtime executes), or `shrink_plan` when `policy` is None or the
-    policy aborts or returns a plan the runtime cannot take (a dead device, another global batch)."""
+    policy aborts or returns a plan the runtime cannot take (a dead device, another global batch).
+    `hardware`: what the policy plans on (a `Hardware`, e.g. `calibrate.calibrate_hardware`'s, or a
+    preset name; None: the `cpu` preset)."""
     dead = set(current.devices()) - members
     if policy is not None:
         n = max(members | set(initial.devices()) | set(current.devices())) + 1
-        cluster = Cluster(1, n, "cpu", alive=tuple(d in members for d in range(n)))
+        cluster = Cluster(1, n, hardware or "cpu", alive=tuple(d in members for d in range(n)))
         first = initial.replicas[0]
         tp = max(st.tp for st in first)
         job = Job(initial.model, cluster, workload, tp, len(first), initial.dp, initial.schedule)
@@ -168,20 +171,23 @@ def replan_after_slow(
     speeds: dict[int, float],
     links: dict[tuple[int, int], float],
     reports: list[FailureReport],
+    hardware=None,
 ) -> tuple[Plan | None, str]:
     """(plan of `generation`, or None to keep `current`; why) after fail-slow / link-slow `reports`.
 
     `speeds` / `links`: every device's speed and link's bandwidth estimate so far, the reports'
-    included (compound, `SlowWatch.admit`). The scheduler `policy` plans on the `cpu` cluster with
-    them; its plan is taken when it uses live members only, keeps the global micro-batch count,
-    differs from `current`, and differs from the plan the policy gives without these reports (the
-    estimates before them) — a plan it would pick anyway (its cost model may prefer another layer
-    split of a healthy job, say) is no answer to this failure. Otherwise, and with `policy` None,
-    each slow device's TP stage is re-split by speed (`rebalance_slow`); a slow link has no rule.
+    included (compound, `SlowWatch.admit`). The scheduler `policy` plans with them on a one-node
+    cluster of `hardware` (None: the `cpu` preset; the controller passes one calibrated from the
+    run's baseline iteration, `calibrate.py`); its plan is taken when it uses live members only,
+    keeps the global micro-batch count, differs from `current`, and differs from the plan the
+    policy gives without these reports (the estimates before them) — a plan it would pick anyway
+    (its cost model may prefer another layer split of a healthy job, say) is no answer to this
+    failure. Otherwise, and with `policy` None, each slow device's TP stage is re-split by speed
+    (`rebalance_slow`); a slow link has no rule.
     """
     reason = ""
     if policy is not None:
-        job, cluster = _policy_inputs(initial, current, members, workload, speeds, links)
+        job, cluster = _policy_inputs(initial, current, members, workload, speeds, links, hardware)
         decision = POLICIES[policy]().adapt(job, current, cluster, list(reports))
         new = decision.plan
         if new is None or not set(new.devices()) <= members:
@@ -192,7 +198,7 @@ def replan_after_slow(
             reason = f"{decision.reason} keeps the current plan; "
         else:
             before = _before(speeds, links, reports)
-            _, calm = _policy_inputs(initial, current, members, workload, *before)
+            _, calm = _policy_inputs(initial, current, members, workload, *before, hardware)
             other = POLICIES[policy]().adapt(job, current, calm, []).plan
             if other is not None and _same_work(new, other):
                 reason = f"{decision.reason}, its plan without these reports too; "
@@ -208,10 +214,11 @@ def replan_after_slow(
     return new.with_changes(generation=generation), reason + "rebalance: uneven TP split by speed"
 
 
-def _policy_inputs(initial: Plan, current: Plan, members: set[int], workload, speeds, links):
-    """(Job, Cluster) for a scheduler policy: one `cpu` node, `alive` = members, the estimates."""
+def _policy_inputs(initial: Plan, current: Plan, members: set[int], workload, speeds, links, hardware=None):
+    """(Job, Cluster) for a scheduler policy: one node of `hardware` (None: `cpu`), `alive` =
+    members, the estimates."""
     n = max(members | set(initial.devices()) | set(current.devices())) + 1
-    cluster = Cluster(1, n, "cpu", alive=tuple(d in members for d in range(n)))
+    cluster = Cluster(1, n, hardware or "cpu", alive=tuple(d in members for d in range(n)))
     for d, p in speeds.items():
         cluster = cluster.with_speed(d, min(max(p, 1e-3), 1.0))
     for (a, b), f in links.items():

@@ -12,12 +12,19 @@ stragglers; a fault present before the baseline iteration is, by construction, i
 gap). `threshold` is wider than the detector's default because two shared CPU cores make timings
 noisy.
 
+With `calibrate` (a callable `(generation, records) -> Hardware`, the controller's closure over
+`calibrate.calibrate_hardware`), the first baseline iteration the watch takes also calibrates the
+hardware the scheduler policy plans on (`hardware`; None until then): the same healthy reference
+that predicts each instruction's time.
+
 `admit` keeps what the controller acts on: each device (link) once per generation, and a compound
 estimate per device (link) — each report's severity is relative to its generation's baseline, so a
 device reported again after a replan is slower still than the estimate it was planned with.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from resihp.core.report import FailureReport
 from resihp.detect import LocalizeConfig, Localizer
@@ -29,9 +36,16 @@ class SlowWatch:
     """Feed it every device's trace records of each committed iteration; it returns fail-slow and
     (with `links`: the runtime's link model is on, `run.link_mb_per_s` > 0) link-slow reports."""
 
-    def __init__(self, threshold: float = 0.4, links: bool = False) -> None:
+    def __init__(
+        self,
+        threshold: float = 0.4,
+        links: bool = False,
+        calibrate: Callable[[int, list], object] | None = None,
+    ) -> None:
         self.localizer = Localizer(LocalizeConfig(window_iters=2, threshold=threshold, min_samples=3))
         self.links = links
+        self.calibrate = calibrate
+        self.hardware = None  # calibrate(...) of the first baseline iteration
         self.generation, self.seen = -1, 0  # iterations of the generation observed so far
         self.baseline: dict[int, dict[tuple, float]] = {}
         self.link_baseline: dict[tuple, float] = {}
@@ -54,6 +68,8 @@ class SlowWatch:
         if self.seen <= 2:  # the warm-up, then the baseline
             if self.seen == 2:
                 self.baseline, self.link_baseline = times, transfers
+                if self.calibrate is not None and self.hardware is None:
+                    self.hardware = self.calibrate(generation, records)
             return []
         compute = {}
         for dev, own in times.items():

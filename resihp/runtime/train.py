@@ -174,6 +174,7 @@ def run_training(
             detect_slow=detect_slow,
             policy=policy,
             heartbeat_timeout_s=float(config.heartbeat_timeout_s),
+            devices_per_node=config.devices_per_node,
         )
         for f in faults:
             events.append({"iter": f.at_iter, "kind": f"inject-{f.kind}", "devices": list(f.devices)})

@@ -7,7 +7,10 @@ transfer whose rank pairing uses that pair (PP activations, TP rings, DP gradien
 - `relink`: re-map ranks inside the TP groups that touch a slow link (devices move together with
   their head/FFN shares, so group speeds are unchanged) so that no PP pairing, TP ring or DP ring
   uses the slow pair, when an order exists that avoids it; costs a group rebuild and the shards of
-  the re-ranked devices, moved over NVLink inside the node;
+  the re-ranked devices, moved over NVLink inside the node. Also across replicas: a slow link's
+  endpoint trades places with the device of the same rank in a DP peer's group at the same stage
+  with the same layers and split (the only way to take a PP link between TP-1 stages off the
+  pipeline; the two hold the same shard, so no state moves, only groups are rebuilt);
 - `reweight`: the global batch re-split over replicas in proportion to each replica's throughput
   measured alone on the degraded cluster (the replica whose PP link is slow gets fewer micro-batches
   and leaves the critical path); only for plans without migrated chunks;
@@ -109,11 +112,38 @@ def _swapped(st: Stage, p: int, q: int) -> Stage:
     return Stage(sw(st.devices), st.layers, sw(st.tp_split), sw(st.ffn_split))
 
 
-def relink(plan: Plan, cluster, rounds: int = 8) -> Plan:
-    """`plan` with ranks re-mapped inside groups so that transfers avoid slow links where possible.
+def _crossed(replicas, d: int, e: int, i: int, p: int):
+    """`replicas` with rank p of group (d, i) and rank p of group (e, i) trading places."""
+    a, b = replicas[d][i], replicas[e][i]
+    da, db = list(a.devices), list(b.devices)
+    da[p], db[p] = db[p], da[p]
+    out = list(replicas)
+    out[d] = replicas[d][:i] + (Stage(tuple(da), a.layers, a.tp_split, a.ffn_split),) + replicas[d][i + 1 :]
+    out[e] = replicas[e][:i] + (Stage(tuple(db), b.layers, b.tp_split, b.ffn_split),) + replicas[e][i + 1 :]
+    return tuple(out)
 
-    Greedy: the best single transposition (a slow link's endpoint with another member of its group)
-    while it lowers `penalty`; deterministic. Returns `plan` itself when nothing improves.
+
+def _peers(replicas, d: int, i: int, peers: int) -> list[int]:
+    """Up to `peers` replicas nearest to d whose stage i has the same layers and split as (d, i)."""
+    st = replicas[d][i]
+    same = [
+        e
+        for e in sorted(range(len(replicas)), key=lambda e: (abs(e - d), e))
+        if e != d
+        and i < len(replicas[e])
+        and (replicas[e][i].layers, replicas[e][i].tp_split, replicas[e][i].ffn_split)
+        == (st.layers, st.tp_split, st.ffn_split)
+    ]
+    return same[:peers]
+
+
+def relink(plan: Plan, cluster, rounds: int = 8, peers: int = 4) -> Plan:
+    """`plan` with ranks re-mapped so that transfers avoid slow links where possible.
+
+    Greedy: the best single transposition while it lowers `penalty` — a slow link's endpoint with
+    another member of its group, or with the same rank of the same stage in one of the `peers`
+    nearest DP replicas holding the same layers and split (`_peers`); deterministic, in-group moves
+    first on ties. Returns `plan` itself when nothing improves.
     """
     slow = _slow(cluster)
     if not slow:
@@ -134,9 +164,17 @@ def relink(plan: Plan, cluster, rounds: int = 8) -> Plan:
                 s = penalty(cand, slow, hot)
                 if s < score - 1e-12 and (step is None or s < step[0]):
                     step = (s, cand)
+        for d, i in hot[0]:  # across replicas: the focus devices change groups, so `hot` is rebuilt
+            for p in (p for p, x in enumerate(best[d][i].devices) if x in ends):
+                for e in _peers(best, d, i, peers):
+                    cand = _crossed(best, d, e, i, p)
+                    s = penalty(cand, slow)
+                    if s < score - 1e-12 and (step is None or s < step[0]):
+                        step = (s, cand)
         if step is None:
             break
         score, best = step
+        hot = _hot(best, ends)
     return plan if best is plan.replicas else plan.with_changes(replicas=best)
 
 

@@ -166,11 +166,15 @@ def plan_costs(job, plan: Plan, cluster, iteration: int = 0) -> Costs:
             att = st.num_layers * per_sq / rate
             k = st.tp
             tp_comm = 0.0 if k == 1 else 2 * (2 * (k - 1) / k * act_bytes / hw.intra_bw) * st.num_layers
-            chunk[(d, i)] = np.array([[tp_comm, lin, att], [tp_comm, lin, 2 * att], [0.0, lin, 0.0]])
+            c0 = tp_comm + st.num_layers * hw.layer_overhead_s / min(cluster.speed[x] for x in st.devices)
+            chunk[(d, i)] = np.array([[c0, lin, att], [c0, lin, 2 * att], [0.0, lin, 0.0]])
 
     def p2p(a, b) -> float:
         da = plan.replicas[a[0]][a[1]].devices
         db = plan.replicas[b[0]][b[1]].devices
+        if hw.p2p_bw is not None:  # P2P priced apart from the collectives (e.g. a calibrated CPU runtime)
+            f = cluster.link_factor(da[0], db[0]) if cluster.links else 1.0
+            return act_bytes / min(len(da), len(db)) / (hw.p2p_bw * f) + (hw.alpha_p2p_s or 0.0)
         if cluster.same_node(da[0], db[0]):
             return act_bytes / hw.intra_bw
         f = min(cluster.link_factor(x, y) for x in da[:1] for y in db[:1]) if cluster.links else 1.0

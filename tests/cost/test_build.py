@@ -98,6 +98,39 @@ def test_unknown_hardware_lists_the_presets():
         hardware_preset("tpu")
 
 
+def test_a_cluster_can_carry_a_concrete_hardware():
+    """`Cluster.gpu` may be a Hardware: `hardware_preset` returns it unchanged and the costs equal
+    those built with it passed explicitly; invalid fields raise ValueError naming the key."""
+    hw = hardware_preset("cpu").with_changes(name="cpu-calibrated", peak_flops=1e9)
+    assert hardware_preset(hw) is hw
+    plan = Plan.uniform(L7, 1, 2, 1, 2)
+    on_cluster = build_costs(L7, plan, Cluster(1, 2, hw), *_batch(plan))
+    explicit = build_costs(L7, plan, Cluster(1, 2, "cpu"), *_batch(plan), hw)
+    assert all(np.array_equal(on_cluster.chunk[g], explicit.chunk[g]) for g in explicit.chunk)
+    for key, bad in (
+        ("p2p_bw", 0.0),
+        ("alpha_p2p_s", -1.0),
+        ("layer_overhead_s", -1e-3),
+        ("alpha_intra_s", -1.0),
+    ):
+        with pytest.raises(ValueError, match=f"hardware.{key}"):
+            hw.with_changes(**{key: bad})
+
+
+@pytest.mark.parametrize("kind", [0, 1, 2])
+def test_layer_overhead_is_per_layer_per_device_in_f_and_b(kind):
+    """`layer_overhead_s` adds L x overhead to F and B (not W), unshared by TP, divided by speed."""
+    hw = hardware_preset("cpu")
+    slow = hw.with_changes(layer_overhead_s=1e-3)
+    plan = Plan.uniform(L7, 2, 2, 1, 2)
+    cluster = Cluster(1, 4, "cpu").with_speed(1, 0.5)
+    base = build_costs(L7, plan, cluster, *_batch(plan), hw, tp_exposed=0.0)
+    more = build_costs(L7, plan, cluster, *_batch(plan), slow, tp_exposed=0.0)
+    extra = 16 * 1e-3 if kind < 2 else 0.0
+    assert _chunk_s(more, (0, 1), kind) - _chunk_s(base, (0, 1), kind) == pytest.approx(extra)
+    assert _chunk_s(more, (0, 0), kind) - _chunk_s(base, (0, 0), kind) == pytest.approx(extra / 0.5)
+
+
 def test_capacity_bound_counts_live_speed():
     """One GPU lost from 16 gives 15/16 of the fault-free rate; a half-speed one counts as half."""
     cluster = Cluster(2, 8).with_alive(3, False)

@@ -67,3 +67,16 @@ def test_tp_group_spanning_nodes_uses_the_nic():
     across = Links(cluster, H100).ring((6, 7, 8, 9))
     assert inside == (H100.intra_bw, H100.alpha_intra_s)
     assert across == (H100.inter_bw, H100.alpha_inter_s)
+
+
+def test_p2p_bandwidth_prices_pipeline_transfers_only():
+    """`Hardware.p2p_bw` / `alpha_p2p_s` (the CPU runtime's link model) set PP transfer times, times
+    a slow link's factor; TP and DP collectives keep the link bandwidth."""
+    hw = hardware_preset("cpu").with_changes(p2p_bw=1e6, alpha_p2p_s=1e-3)
+    cluster = Cluster(1, 4, hw)
+    links = Links(cluster, hw)
+    assert pp_transfer_s(2e6, (0,), (1,), links) == pytest.approx(1e-3 + 2.0)
+    assert links.ring((0, 1)) == (hw.intra_bw, hw.alpha_intra_s)
+    slow = Links(cluster.with_link(0, 1, 0.25), hw)
+    assert pp_transfer_s(2e6, (0,), (1,), slow) == pytest.approx(1e-3 + 8.0)
+    assert pp_transfer_s(2e6, (2,), (3,), slow) == pytest.approx(1e-3 + 2.0)

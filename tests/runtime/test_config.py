@@ -56,6 +56,7 @@ def test_toml_round_trip_and_unknown_keys(tmp_path):
         ({"optim": {"lr": -1.0}}, r"optim\.lr = -1\.0"),
         ({"workload": {"lengths": "books"}}, r"workload\.lengths = 'books'"),
         ({"run": {"link_mb_per_s": -1}}, r"run\.link_mb_per_s = -1: must be a number >= 0"),
+        ({"run": {"devices_per_node": 0}}, r"run\.devices_per_node = 0: must be a positive integer"),
     ],
 )
 def test_bad_values_name_the_key(changes, message):

@@ -2,8 +2,8 @@
 
 The multi-process tests (marked slow) spawn once each and check several things; the oracle is
 `train_reference`, and every run must end far below gloo's 120 s timeout: heartbeats, the join
-barrier and the short join timeout decide. The helpers of `liveness.py` and `faults.join_stop`
-are tested without processes.
+barrier and the short join timeout decide. The helpers of `liveness.py`, the node agents'
+bookkeeping (`agent.Agents`) and `faults.join_stop` are tested without processes.
 """
 
 import queue
@@ -15,6 +15,7 @@ from resihp.core.faults import FaultSpec
 from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan
 from resihp.runtime import controller
+from resihp.runtime.agent import Agents
 from resihp.runtime.config import TrainConfig
 from resihp.runtime.faults import join_stop
 from resihp.runtime.launch import JobSpec, WorkerFailed, alive
@@ -80,6 +81,61 @@ def test_inbox_takes_every_arrived_message_and_keeps_heartbeats_out():
     assert live.last == {0: 7.0, 1: 7.0} and q.empty()
     assert inbox.get(0.01) == ("done", 0, None)
     assert inbox.get(0.01) is None
+
+
+def test_inbox_dates_forwarded_beats_by_their_age_and_applies_process_reports():
+    """An agent's report beats its node and each device as of `now - age` (agent clock: no offset
+    between the machines matters); spawn and exit reports update the process table at once, and an
+    exit of a device's former process is ignored."""
+    q = queue.Queue()
+    members, nodes = Liveness(timeout_s=2.0), Liveness(timeout_s=2.0)
+    agents = Agents(None, 2, timeout_s=2.0, start_timeout_s=10.0)
+    for d in (2, 3):
+        members.spawn(d, 0.0)
+        agents.code[d] = None
+    nodes.spawn(1, 0.0)
+    q.put(("spawned", 2, {"pid": 41, "node": 1}))
+    q.put(("agent", 1, {"time": 500.0, "beats": {2: 499.5, 3: 497.0}}))  # device 3 silent for 3 s
+    q.put(("exited", 2, {"code": 1, "node": 1, "pid": 40}))  # its former process
+    q.put(("reached", 2, {"iter": 0}))
+    inbox = Inbox(q, members, clock=lambda: 10.0, nodes=nodes, track=agents.track)
+    assert inbox.get(0.01) == ("reached", 2, {"iter": 0})
+    assert members.last == {2: 9.5, 3: 7.0} and nodes.last == {1: 10.0}
+    assert members.hung(10.0) == [3] and nodes.hung(10.0) == []
+    assert agents.pid == {2: 41} and agents.exitcode(2) is None and agents.pids == [41]
+    q.put(("exited", 2, {"code": -9, "node": 1, "pid": 41}))
+    inbox.drain()
+    assert agents.exitcode(2) == -9 and agents.node_of(3) == 1 and agents.node_of(1) == 0
+
+
+def test_a_silent_agent_loses_its_node_and_every_running_device_of_it():
+    """An agent silent for the heartbeat timeout is killed and its node's devices still running are
+    fenced (exit code -SIGKILL); finished devices and other nodes stay as they are."""
+
+    class Proc:  # an agent process that is alive but says nothing (SIGSTOPped, or a lost machine)
+        exitcode, killed = None, False
+
+        def kill(self):
+            self.killed = True
+
+        def join(self, timeout=None):
+            pass
+
+        def cancel_join_thread(self):  # (standing in for its command queue too)
+            pass
+
+    agents = Agents(None, 2, timeout_s=2.0, start_timeout_s=10.0)
+    procs = {0: Proc(), 1: Proc()}
+    for node, proc in procs.items():
+        agents.procs[node], agents.commands[node], agents.beats[node] = proc, proc, None
+        agents.liveness.spawn(node, 0.0)
+    agents.code = {0: None, 1: None, 2: None, 3: 0}  # device 3 finished
+    agents.liveness.beat(0, 9.0)
+    agents.liveness.beat(1, 7.5)
+    assert agents.lost(9.0) == {}
+    assert agents.lost(10.0) == {1: [2]} and procs[1].killed and not procs[0].killed
+    assert agents.code == {0: None, 1: None, 2: -9, 3: 0} and set(agents.procs) == {0}
+    assert agents.lost(10.5) == {} and agents.unstarted(100.0) == []
 
 
 def test_join_barrier_goes_once_everyone_arrived_and_aborts_superseded_generations():

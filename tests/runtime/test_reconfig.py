@@ -145,7 +145,8 @@ def test_stopped_device_rejoins_and_the_plan_grows_back(tmp_path):
     final = res["plans"][-1]
     assert final["replicas"] == plan.to_dict()["replicas"] and final["generation"] == 2
     _check_state(res, ref_state, config.lr)
-    assert len(res["worker_pids"]) == 9 and alive(res["worker_pids"]) == [], "orphan worker processes"
+    # 8 members, the re-joined one, and the node agent that spawned them
+    assert len(res["worker_pids"]) == 10 and alive(res["worker_pids"]) == [], "orphan worker processes"
 
 
 def test_two_stops_in_sequence_one_before_any_step_under_zbh1(tmp_path):

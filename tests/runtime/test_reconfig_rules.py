@@ -56,11 +56,13 @@ def test_rebalance_slow_remembers_every_known_speed():
 
 
 def test_replan_after_slow_takes_the_policys_plan_or_says_why_not():
-    """A slow device in a TP-1 stage: the resihp policy moves work off it (no rule could); a slow
-    link the cpu cost model cannot see: the policy's plan is the one it gives without the report,
-    so no replan; policy None: the rule (TP-2 stage re-split, nothing for TP 1)."""
+    """A slow device in a TP-1 stage: the resihp policy moves work off it (no rule could); a slow PP
+    link: the policy (on the `cpu` preset or on a calibrated Hardware) takes the link off the
+    pipelines; a slow link no transfer uses: the policy's plan is the one it gives without the
+    report, so no replan; policy None: the rule (TP-2 stage re-split, nothing for TP 1)."""
     from resihp.core.report import FailureReport
     from resihp.core.workload import Workload
+    from resihp.cost import hardware_preset
     from resihp.runtime.reconfig import replan_after_slow
 
     wl = Workload(32, 2)
@@ -76,7 +78,13 @@ def test_replan_after_slow_takes_the_policys_plan_or_says_why_not():
         None, "no rule for this failure (a TP-1 stage or a link): no replan",
     )  # fmt: skip
     link = [FailureReport("link-slow", (0, 1), (0, 1), severity=0.25)]
-    new, why = replan_after_slow(pp, pp, {0, 1, 2, 3}, 1, wl, "resihp", {}, {(0, 1): 0.25}, link)
+    calibrated = hardware_preset("cpu").with_changes(p2p_bw=5e5, layer_overhead_s=1e-3)
+    for hw in (None, calibrated):
+        new, why = replan_after_slow(pp, pp, {0, 1, 2, 3}, 1, wl, "resihp", {}, {(0, 1): 0.25}, link, hw)
+        assert why.startswith("resihp: ") and "relink" in why, why
+        assert all({a.devices[0], b.devices[0]} != {0, 1} for a, b in new.replicas)
+    unused = [FailureReport("link-slow", (0, 3), (0, 3), severity=0.25)]  # neither a PP nor a DP pair
+    new, why = replan_after_slow(pp, pp, {0, 1, 2, 3}, 1, wl, "resihp", {}, {(0, 3): 0.25}, unused)
     assert new is None and "without these reports" in why and why.endswith("no replan")
     new, why = replan_after_slow(PLAN, PLAN, set(range(8)), 1, wl, None, {1: 0.25}, {}, slow)
     assert new == rebalance_slow(PLAN, 1, 0.25, 1) and why.startswith("rebalance")

@@ -38,13 +38,27 @@ def test_relink_is_identity_without_slow_links(job):
     assert link_options(job.cluster) == {}
 
 
-def test_reweight_gives_the_slow_replica_fewer_microbatches():
-    """With TP = 1 no re-ranking helps; the replica behind the slow link gets fewer micro-batches."""
+def test_relink_across_replicas_takes_a_tp1_pp_link_off_the_pipeline():
+    """With TP = 1 no in-group re-ranking exists; the slow link's endpoint trades places with its DP
+    peer at the same stage (same layers, same shard): no transfer uses the slow pair any more, every
+    stage keeps its layers, and the plan is predicted faster."""
     job = make_job(tp=1, pp=2, dp=2, mbs=8, nodes=1, gpn=4)
     plan = job.initial_plan()
     a, b = plan.replicas[0][0].devices[0], plan.replicas[0][1].devices[0]
     cluster = job.cluster.with_link(a, b, 1e-4)
-    assert relink(plan, cluster) is plan
+    new = relink(plan, cluster)
+    assert penalty(new.replicas, {(min(a, b), max(a, b)): 1e-4}) == 0.0
+    assert [[st.layers for st in r] for r in new.replicas] == [[st.layers for st in r] for r in plan.replicas]
+    assert sorted(new.devices()) == sorted(plan.devices()) and new.replicas != plan.replicas
+    assert link_time(job, new, cluster) < link_time(job, plan, cluster)
+
+
+def test_reweight_gives_the_slow_replica_fewer_microbatches():
+    """The replica behind the slow link gets fewer micro-batches (the lever when no relink exists)."""
+    job = make_job(tp=1, pp=2, dp=2, mbs=8, nodes=1, gpn=4)
+    plan = job.initial_plan()
+    a, b = plan.replicas[0][0].devices[0], plan.replicas[0][1].devices[0]
+    cluster = job.cluster.with_link(a, b, 1e-4)
     new = reweight(job, plan, cluster)
     assert new.microbatches[0] < new.microbatches[1]
     assert sum(new.microbatches) == plan.global_microbatches
