@@ -13,12 +13,15 @@ Steady state = the committed iterations from `--skip` iterations after the last 
 or after the fault (unmitigated) to the end; samples/s = samples / Σ iteration time (`time_s`,
 the slowest device's wall time up to STEP). Capacity bound = fault-free samples/s x Σ live speed / N.
 
-Prediction (c): the CPU cost model is calibrated from the fault-free run's own per-instruction
-times (F/B wall time including their TP collectives, max over the TP group; `fit_linear_time` per
-group and F/B, `chunk_table`: the paper's MTP), gradient sync per group from the measured
-ALLREDUCE (median), P2P from the fast tail (10th percentile) of the measured RECV; the adapted plan's groups
-scale their row by max over TP members of (share of heads and FFN columns x tp / speed); then
-`resihp.sim.pipeline.evaluate` (only for an adapted plan with the same layer cuts and no migration).
+Prediction (c): the CPU cost model is calibrated from the first half of the fault-free run's
+steady state, from its own per-instruction times (F/B wall time including their TP collectives,
+max over the TP group; `fit_linear_time` per group and F/B, `chunk_table`: the paper's MTP),
+gradient sync per group from the measured ALLREDUCE (median), P2P from the fast tail (10th
+percentile) of the measured RECV, plus an iteration-level offset (median of measured − predicted
+over the same iterations: Python work between instructions and the commit round trip). The
+adapted plan's stages scale their base group's row by their layer count over the base stage's and
+by max over TP members of (share of heads and FFN columns x tp / speed); then
+`resihp.sim.pipeline.evaluate`. The fault-free second half is the held-out self-check.
 
     .venv/bin/python benchmarks/runtime_adapt.py [--iterations 40] [--layout tp1] [--policy none] [--json OUT]
 """
@@ -43,7 +46,12 @@ from resihp.runtime.train import run_training
 from resihp.sim.pipeline import evaluate
 
 SLOW_DEVICE, SPEED = 1, 1.0 / 3.0
-LAYOUTS = {"tp2": {"tp": 2, "pp": 2, "dp": 2}, "tp1": {"tp": 1, "pp": 2, "dp": 4}}
+LAYOUTS = {
+    "tp2": {"tp": 2, "pp": 2, "dp": 2},
+    "tp1": {"tp": 1, "pp": 2, "dp": 4},
+    # two workers on two cores: no oversubscription, so a sleeping slow worker donates no CPU
+    "pp2": {"tp": 1, "pp": 2, "dp": 1, "workers": 2, "microbatches": 8},
+}
 
 
 def plan_of(d: dict) -> Plan:
@@ -94,8 +102,9 @@ def steady(res: dict, first: int) -> dict:
     }
 
 
-def calibrate(res: dict, first: int) -> tuple[dict, dict, float]:
-    """(group -> (3, 3) chunk table, group -> allreduce s, p2p s) from the fault-free trace."""
+def calibrate(res: dict, first: int, last: int) -> tuple[dict, dict, float]:
+    """(group -> (3, 3) chunk table, group -> allreduce s, p2p s) from the fault-free trace's
+    iterations [first, last)."""
     plan = plan_of(res["plan"])
     config = TrainConfig()
     workload = config.workload()
@@ -103,7 +112,7 @@ def calibrate(res: dict, first: int) -> tuple[dict, dict, float]:
     allreduce: dict[tuple, list] = {}
     sends = []
     for rec in res["trace"]:
-        if rec["iter"] < first:
+        if not first <= rec["iter"] < last:
             continue
         g = (rec["replica"], rec["stage"])
         for op, src, mb, comp, comm in rec["instrs"]:
@@ -127,31 +136,41 @@ def calibrate(res: dict, first: int) -> tuple[dict, dict, float]:
 
 
 def predict(plan: Plan, base: Plan, table: dict, allreduce: dict, p2p: float, speeds: dict, it: int):
-    """Predicted iteration time of `plan` at iteration `it`'s batch; None unless `plan` has the layer
-    cuts of `base` and no migration (only TP re-splits are modelled)."""
+    """Predicted iteration time of `plan` at iteration `it`'s batch (without the iteration-level
+    offset). Each stage's chunk row is its base-plan group's calibrated row scaled by the stage's
+    layer count over the base stage's (moved layers) and by max over its TP members of (share of
+    heads and FFN columns x base tp / speed); migrated micro-batches run with their executor's rows
+    (`compile_plan` orders them)."""
     spec, workload = plan.model, TrainConfig().workload()
-    chunk = {}
-    if plan.assignment or any(
-        st.layers != old.layers for r, b in zip(plan.replicas, base.replicas) for st, old in zip(r, b)
-    ):
-        return None
+    chunk, sync = {}, {}
     for d, stages in enumerate(plan.replicas):
         for i, st in enumerate(stages):
+            if st.hollow:
+                continue
             old = base.replicas[d][i]
-            scale = max(
+            layers = (st.layers[1] - st.layers[0]) / (old.layers[1] - old.layers[0])
+            scale = layers * max(
                 0.5 * (h / spec.heads + f / spec.ffn) * old.tp / speeds.get(dev, 1.0)
                 for dev, h, f in zip(st.devices, st.tp_split, st.ffn_split)
             )
             chunk[d, i] = table[d, i] * np.array([[scale], [scale], [scale]])
+            sync[d, i] = allreduce[d, i] * layers
     batch = workload.pack(it, plan.global_microbatches)
     costs = Costs(
         np.full(batch.count, float(batch.seq_len)),
         batch.sum_sq,
         chunk,
         p2p=lambda a, b: p2p,
-        allreduce_s=dict(allreduce),
+        allreduce_s=sync,
     )
     return evaluate(compile_plan(plan), costs).iteration_s
+
+
+def offset(res: dict, plan: Plan, table: dict, allreduce: dict, p2p: float, its: range) -> float:
+    """Iteration-level calibration: the median of measured − predicted over iterations `its` of the
+    fault-free run (Python work between instructions, the commit round trip: not in any chunk)."""
+    measured = {r["iter"]: r["time_s"] for r in res["iterations"]}
+    return statistics.median(measured[it] - predict(plan, plan, table, allreduce, p2p, {}, it) for it in its)
 
 
 def main() -> None:
@@ -161,7 +180,9 @@ def main() -> None:
     ap.add_argument(
         "--skip", type=int, default=3, help="iterations after the fault / replan not in steady state"
     )
-    ap.add_argument("--layout", choices=sorted(LAYOUTS), default="tp2", help="tp1: device 1 is a TP-1 stage")
+    ap.add_argument(
+        "--layout", choices=sorted(LAYOUTS), default="tp2", help="tp1: a TP-1 stage; pp2: 2 workers"
+    )
     ap.add_argument("--policy", default="resihp", help="scheduler policy of the adapted run; none: the rule")
     ap.add_argument("--json", dest="json_out")
     args = ap.parse_args()
@@ -178,17 +199,19 @@ def main() -> None:
     s_free = steady(free, args.skip)
     s_slow = steady(slow, args.at + args.skip)
     s_adapt = steady(adapt, last + args.skip)
-    bound = s_free["samples_per_s"] * (7 + SPEED) / 8
-    table, allreduce, p2p = calibrate(free, args.skip)
+    n = len(plan_of(free["plan"]).devices())
+    bound = s_free["samples_per_s"] * (n - 1 + SPEED) / n
+    # calibrate on the first half of the fault-free steady state; the second half is the held-out check
+    half = (args.skip + args.iterations) // 2
+    table, allreduce, p2p = calibrate(free, args.skip, half)
     plan0 = plan_of(free["plan"])
+    c0 = offset(free, plan0, table, allreduce, p2p, range(args.skip, half))
     final = plan_of(adapt["plans"][-1])
     its = range(s_adapt["from_iter"], args.iterations)
-    pred_adapt = [predict(final, plan0, table, allreduce, p2p, {SLOW_DEVICE: SPEED}, it) for it in its]
-    if None in pred_adapt:  # layers moved or micro-batches migrated: not modelled here
-        pred_adapt = [float("nan")] * len(pred_adapt)
-    pred_free = [
-        predict(plan0, plan0, table, allreduce, p2p, {}, it) for it in range(args.skip, args.iterations)
-    ]
+    pred_adapt = [c0 + predict(final, plan0, table, allreduce, p2p, {SLOW_DEVICE: SPEED}, it) for it in its]
+    rest = range(half, args.iterations)
+    pred_free = [c0 + predict(plan0, plan0, table, allreduce, p2p, {}, it) for it in rest]
+    held_out = [r["time_s"] for r in free["iterations"] if r["iter"] >= half]
     out = {
         "load": load,
         "fault_free": s_free,
@@ -204,7 +227,8 @@ def main() -> None:
         "mape_adapted_pct": mape(pred_adapt, s_adapt["times"]),
         "mean_error_adapted_pct": 100 * (np.mean(pred_adapt) / s_adapt["iteration_s_mean"] - 1),
         "predicted_fault_free_s_mean": float(np.mean(pred_free)),
-        "mape_fault_free_pct": mape(pred_free, s_free["times"]),
+        "mape_fault_free_held_out_pct": mape(pred_free, held_out),
+        "iteration_offset_s": c0,
         "p2p_s": p2p,
         "allreduce_s": {str(k): v for k, v in allreduce.items()},
     }
@@ -220,8 +244,9 @@ def main() -> None:
     print(f"predicted adapted {out['predicted_adapted_s_mean'] * 1e3:.1f} ms vs measured "
           f"{s_adapt['iteration_s_mean'] * 1e3:.1f} ms: MAPE {out['mape_adapted_pct']:.1f} %, "
           f"mean error {out['mean_error_adapted_pct']:+.1f} %")  # fmt: skip
-    print(f"predicted fault-free {out['predicted_fault_free_s_mean'] * 1e3:.1f} ms vs measured "
-          f"{s_free['iteration_s_mean'] * 1e3:.1f} ms: MAPE {out['mape_fault_free_pct']:.1f} %")  # fmt: skip
+    print(f"predicted fault-free (held out: {half}-) {out['predicted_fault_free_s_mean'] * 1e3:.1f} ms "
+          f"vs measured {np.mean(held_out) * 1e3:.1f} ms: MAPE {out['mape_fault_free_held_out_pct']:.1f} %; "
+          f"iteration offset {c0 * 1e3:+.1f} ms")  # fmt: skip
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(out, f, indent=1, default=str)
