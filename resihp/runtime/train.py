@@ -177,7 +177,12 @@ def run_training(
             devices_per_node=config.devices_per_node,
         )
         for f in faults:
-            events.append({"iter": f.at_iter, "kind": f"inject-{f.kind}", "devices": list(f.devices)})
+            event = {"iter": f.at_iter, "kind": f"inject-{f.kind}", "devices": list(f.devices)}
+            if f.kind == "stop" and (f.phase != "start" or f.hang):
+                event.update(phase=f.phase, hang=f.hang)
+            if f.severity is not None:
+                event["severity"] = f.severity
+            events.append(event)
         events.extend(out["events"])
         events.sort(key=lambda e: e["iter"])
     finally:

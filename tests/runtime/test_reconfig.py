@@ -190,6 +190,7 @@ def test_stop_during_the_dp_gradient_reduction(tmp_path):
     assert [row["loss"] for row in res["iterations"]] == pytest.approx(ref_losses, rel=1e-4)
     kinds = [(e["iter"], e["kind"], e.get("devices")) for e in res["events"]]
     assert (2, "inject-stop", [3]) in kinds and (2, "fail-stop", [3]) in kinds
+    assert next(e for e in res["events"] if e["kind"] == "inject-stop")["phase"] == "allreduce"
     assert 3 not in res["plans"][-1]["replicas"][1][1]["devices"]
     _check_state(res, ref_state, config.lr)
     assert alive(res["worker_pids"]) == [], "orphan worker processes"
