@@ -8,6 +8,12 @@ process per node (`agent.py`) spawns, watches, kills and reaps that node's membe
   at its STEP; the controller then writes `decision/{g}/{k}` = `commit` (or `next` when a planned
   replan starts at k + 1, after publishing `plan/{g+1}`). The committed history holds each
   iteration exactly once, with the losses of the generation that committed it.
+* Time-keyed faults (`faults.TimedFaults`): the controller's clock starts when it first writes
+  `go` (every member of the first generation is at its rendezvous: process start-up is excluded).
+  At the commit of k, time-keyed faults that are due become faults of iteration k + 1 and
+  `duration_s` faults that are over end at k + 1; the controller then writes every resolved fault
+  so far to `faults/{g}/{k}` and says so in the decision (`commit+faults`, `next+faults`). Every
+  plan body and re-joining member's message carries them too.
 * Liveness (`liveness.py`): every member beats every 0.25 s (through its agent); one silent for
   `heartbeat_timeout_s` is hung (a frozen process, a hung device) and its agent SIGKILLs it — its
   sockets close, so peers blocked in a collective with it fail at once — and from then on it is a
@@ -42,6 +48,7 @@ from resihp.core.plan import Plan
 from .agent import Agents
 from .calibrate import calibrate_hardware
 from .checkpoint import savers, write_meta
+from .faults import FaultEnd, TimedFaults
 from .launch import JobSpec, WorkerFailed, _gather
 from .liveness import (
     HEARTBEAT_TIMEOUT_S,
@@ -52,7 +59,7 @@ from .liveness import (
     go_key,
     source_generation,
 )
-from .member import decision_key, plan_key
+from .member import decision_key, faults_key, plan_key
 from .reconfig import grow_plan, replan_after_slow, replan_after_stop
 from .slowwatch import SlowWatch, slow_event
 from .snapshot import holders
@@ -89,18 +96,24 @@ def launch_elastic(
     A member silent for `heartbeat_timeout_s` is killed (then a fail-stop); one with no heartbeat
     `start_timeout_s` after its spawn fails the job. Devices `d` with the same `d // devices_per_node`
     (None: all) form a node with one agent; a node whose agent dies or goes silent loses them all.
+    `faults` (`faults.validate_faults`) may be time-keyed (resolved at commits: `TimedFaults`); the
+    result's "faults" lists (fault as given, iteration it took effect at, seconds on the clock) of
+    each time-keyed one that was resolved.
     """
     replans = {it: p for it, p in replans}
+    end = job.start_iteration + job.iterations
+    timed = TimedFaults(faults, job.start_iteration, end)
     rejoins: dict[int, list[int]] = {}
-    for f in faults:
+    for f in timed.faults:
         if f.kind == "rejoin":
             rejoins.setdefault(f.at_iter, []).append(f.device)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     results = mp.get_context("spawn").Queue()
     gen, cur, it = 0, plan, job.start_iteration
-    end = job.start_iteration + job.iterations
     members = set(plan.devices()) | set(plan.standby)
     msg0 = {"generation": 0, "plan": plan, "members": sorted(members), "start": it, "source": None}
+    msg0["faults"] = tuple(timed.faults)
+    origin = None  # the fault clock: time.monotonic() when the first `go` was written
     records, shards, events, plans = {}, {}, [], [plan]
     reached: dict[int, dict] = {}
     joined: dict[int, list[dict]] = {}
@@ -131,6 +144,7 @@ def launch_elastic(
         gen, cur = gen + 1, new.with_changes(generation=gen + 1)
         plans.append(cur)
         body = {"generation": gen, "plan": cur, "members": sorted(members), "start": start, "source": source}
+        body["faults"] = tuple(timed.faults)  # every resolved fault so far
         bodies[gen] = body
         barrier.open(gen, members)
         store.set(plan_key(gen), pickle.dumps(body))
@@ -139,7 +153,7 @@ def launch_elastic(
         )
 
     def spawn(dev: int, msg: dict) -> None:
-        agents.spawn(dev, pickle.dumps((msg, job, tuple(faults), dev, store.port)))
+        agents.spawn(dev, pickle.dumps((msg, job, tuple(timed.faults), dev, store.port)))
         liveness.spawn(dev, time.monotonic())
         stopping.pop(dev, None)
         killed.pop(dev, None)
@@ -257,6 +271,7 @@ def launch_elastic(
             ):
                 store.set(go_key(gen), "go")  # every member of gen is at its rendezvous, alive
                 barrier.decide(gen, "go")
+                origin = time.monotonic() if origin is None else origin
             if kind == "error":
                 fail({dev: payload})
             elif kind == "stopping":
@@ -283,6 +298,13 @@ def launch_elastic(
             elif kind == "reached" and payload["generation"] == gen:
                 reached[dev] = payload
                 if set(reached) == set(cur.devices()):
+                    elapsed = time.monotonic() - origin
+                    resolved = timed.resolve(it, elapsed)
+                    for f in resolved:
+                        if isinstance(f, FaultEnd):
+                            events.append(_end_event(f, elapsed - timed.started[f.fault]))
+                        elif f.kind == "rejoin":
+                            rejoins.setdefault(f.at_iter, []).append(f.device)
                     if it + 1 in why and why[it + 1][1] != gen:  # decided before a fail-stop: stale
                         del replans[it + 1], why[it + 1]
                     nxt = replans.get(it + 1)
@@ -295,7 +317,11 @@ def launch_elastic(
                         publish(nxt, it + 1, why.pop(it + 1, ("planned",))[0], (gen, cur))
                         for d in joiners:
                             spawn(d, bodies[gen])
-                    store.set(decision_key(gen - (nxt is not None), it), "commit" if nxt is None else "next")
+                    g_dec, verdict = gen - (nxt is not None), "commit" if nxt is None else "next"
+                    if resolved:  # the members read them before they go on
+                        store.set(faults_key(g_dec, it), pickle.dumps(tuple(timed.faults)))
+                        verdict += "+faults"
+                    store.set(decision_key(g_dec, it), verdict)
                     payloads = [reached[d] for d in sorted(reached)]
                     if on_commit is not None:
                         on_commit(it, plans[-2] if nxt is not None else cur, payloads)
@@ -348,6 +374,20 @@ def launch_elastic(
         "events": events,
         "plans": plans,
         "pids": agents.pids,
+        "faults": timed.injected,
+    }
+
+
+def _end_event(end: FaultEnd, lasted_s: float) -> dict:
+    """The event of a `duration_s` fault that ends at iteration `end.at_iter` after `lasted_s`."""
+    f = end.fault
+    return {
+        "iter": end.at_iter,
+        "kind": "fault-end",
+        "fault": f.kind,
+        "devices": list(f.devices),
+        "duration_s": f.duration_s,
+        "lasted_s": lasted_s,
     }
 
 

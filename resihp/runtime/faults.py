@@ -1,4 +1,4 @@
-"""Fault injection for the runtime, in the simulator's `FaultSpec` vocabulary, keyed by iteration.
+"""Fault injection for the runtime, in the simulator's `FaultSpec` vocabulary, keyed by iteration or time.
 
 A faults TOML holds `[[faults]]` tables (`resihp.core.faults.FaultSpec` keys). The runtime applies
 them at the start of iteration `at_iter`, on the device's worker:
@@ -7,24 +7,40 @@ them at the start of iteration `at_iter`, on the device's worker:
   entering its gradient all-reduce (`"allreduce"`), or while joining the next generation
   (`"join"`); with `hang = true` it freezes instead (SIGSTOP: alive but silent);
 * `slow` (severity p): every compute instruction (F/B/W) sleeps t·(1/p − 1) after measuring its
-  compute-only time t, from that iteration on (`duration_s` is not supported: persistent);
+  compute-only time t, from that iteration on (until its end, with `duration_s`);
 * `link` (severity f): a P2P block between `src` and `dst` (either direction) takes 1/f of its
   transfer time, max(measured, bytes / `run.link_mb_per_s`), counted from when both ends were ready
-  (`worker.Worker._transfer`);
+  (`worker.Worker._transfer`); until its end, with `duration_s`;
 * `rejoin`: the controller starts a fresh worker process for the (stopped) device, which joins
   at that iteration boundary; the plan grows back (`reconfig.grow_plan`).
 
-`validate_faults` rejects, with one ValueError before any process starts: a time-keyed fault
-(`at_s`), a device outside the plan, two faults on one device (or link) at the same iteration, a fault on a
-device already stopped (other than its `rejoin`), and a `rejoin` of a device that is not stopped.
+Time is resolved to iterations in one place, the controller (`TimedFaults`): a time-keyed fault
+(`at_s`) and the end of a `duration_s` fault take effect at the iteration after the first commit
+at or after their time. From then on they are iteration-keyed faults (`FaultSpec` with `at_iter`)
+and end markers (`FaultEnd`), which is all that members see (`faults_at`, `join_stop`).
+
+`validate_faults` rejects, with one ValueError before any process starts: a device whose faults
+mix `at_iter` and `at_s`, a device outside the plan, two faults on one device (or link) at the same
+iteration (or time), a fault on a device already stopped (other than its `rejoin`), and a `rejoin`
+of a device that is not stopped.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from resihp.core.faults import FaultSpec
+
+
+@dataclass(frozen=True)
+class FaultEnd:
+    """Runtime-internal: the (iteration-keyed) slow or link `fault` ends at iteration `at_iter`."""
+
+    fault: FaultSpec
+    at_iter: int
 
 
 def load_faults(path: str) -> tuple[FaultSpec, ...]:
@@ -43,71 +59,158 @@ def load_faults(path: str) -> tuple[FaultSpec, ...]:
     return tuple(FaultSpec.from_dict(x) for x in raw)
 
 
+def _key(f: FaultSpec) -> tuple:
+    """What two faults must not share at one time: a device, or a link (either direction)."""
+    return ("link", *sorted(f.devices)) if f.kind == "link" else ("device", f.device)
+
+
+def _when(f: FaultSpec) -> tuple[str, float]:
+    return ("at_iter", f.at_iter) if f.at_iter is not None else ("at_s", f.at_s)
+
+
 def validate_faults(faults: Iterable[FaultSpec], devices: Iterable[int]) -> tuple[FaultSpec, ...]:
-    """The faults, sorted by iteration; ValueError on the first impossible or contradictory one."""
+    """The faults, iteration-keyed ones first, each domain sorted by its key; ValueError on the first
+    impossible or contradictory one."""
     devices = set(devices)
-    faults = tuple(sorted(faults, key=lambda f: (f.at_iter if f.at_iter is not None else -1, f.kind)))
-    stopped: dict[int, int] = {}
-    active: dict[tuple, FaultSpec] = {}
+    faults = tuple(faults)
+    keyed: dict[int, FaultSpec] = {}  # device -> its first fault: every other one must be keyed alike
     for f in faults:
-        if f.at_iter is None:
-            raise ValueError(f"faults[{f.kind}] at_s = {f.at_s}: the runtime keys faults by at_iter")
         for dev in f.devices:
             if dev not in devices:
                 raise ValueError(
                     f"faults[{f.kind}] names device {dev}, which is not in the plan "
                     f"(devices {sorted(devices)})"
                 )
+            first = keyed.setdefault(dev, f)
+            if _when(first)[0] != _when(f)[0]:
+                raise ValueError(
+                    f"faults[{f.kind}] {_when(f)[0]} = {_when(f)[1]} on device {dev}: its faults mix at_iter "
+                    f"and at_s (faults[{first.kind}] {_when(first)[0]} = {_when(first)[1]}); key all "
+                    "faults of a device one way"
+                )
+    by_iter = sorted((f for f in faults if f.at_iter is not None), key=lambda f: (f.at_iter, f.kind))
+    by_time = sorted((f for f in faults if f.at_s is not None), key=lambda f: (f.at_s, f.kind))
+    for domain in (by_iter, by_time):
+        _check_domain(domain)
+    return (*by_iter, *by_time)
+
+
+def _check_domain(faults: list[FaultSpec]) -> None:
+    """The rules of one domain (all at_iter or all at_s), `faults` sorted by it."""
+    stopped: dict[int, float] = {}
+    active: dict[tuple, FaultSpec] = {}
+    for f in faults:
+        name, at = _when(f)
+        for dev in f.devices:
             if dev in stopped and f.kind != "rejoin":
                 raise ValueError(
-                    f"faults[{f.kind}] at_iter {f.at_iter} names device {dev}, "
-                    f"stopped at iteration {stopped[dev]}"
+                    f"faults[{f.kind}] {name} {at} names device {dev}, stopped at {name} {stopped[dev]}"
                 )
         if f.kind == "rejoin":
-            if f.device not in stopped or stopped[f.device] >= f.at_iter:
+            if f.device not in stopped or stopped[f.device] >= at:
                 raise ValueError(
-                    f"faults[rejoin] device {f.device} at_iter {f.at_iter}: the device is live "
+                    f"faults[rejoin] device {f.device} {name} {at}: the device is live "
                     "(a rejoin needs an earlier stop of it)"
                 )
             del stopped[f.device]
-        if f.duration_s is not None:
-            raise ValueError(f"faults[{f.kind}] duration_s: runtime faults are persistent")
-        key = ("link", *sorted(f.devices)) if f.kind == "link" else ("device", f.device)
-        if (key, f.at_iter) in active:
-            other = active[key, f.at_iter]
+        key = _key(f)
+        if (key, at) in active:
+            other = active[key, at]
             raise ValueError(
-                f"contradictory faults: {f.kind} and {other.kind} at iteration {f.at_iter} "
-                f"on {key[0]} {list(key[1:])}"
+                f"contradictory faults: {f.kind} and {other.kind} at {name} {at} on {key[0]} {list(key[1:])}"
             )
-        active[key, f.at_iter] = f
+        active[key, at] = f
         if f.kind == "stop":
-            stopped[f.device] = f.at_iter
-    return faults
+            stopped[f.device] = at
+
+
+class TimedFaults:
+    """The controller's resolution of time to iterations, against a clock it reads at every commit.
+
+    `faults` (validated) start as the iteration-keyed faults; `resolve(it, elapsed_s)`, called when
+    iteration `it` commits `elapsed_s` after the clock's origin, appends to it (and returns):
+
+    * every pending time-keyed fault with `at_s` <= elapsed_s, as `replace(f, at_s=None, at_iter=it +
+      1)` — at most one per device or link per commit (the others wait for the next one, in `at_s`
+      order), so a stop and its rejoin never land on one iteration;
+    * `FaultEnd(f, it + 1)` for every active fault with `duration_s` whose start time + duration_s
+      <= elapsed_s. A fault starts when it is resolved (time-keyed), at the commit of `at_iter` − 1
+      (iteration-keyed), or at the origin (iteration-keyed with `at_iter` <= `start`).
+
+    Nothing is resolved for an iteration at or past `end` (it would never run). `injected` holds
+    (fault as given, at_iter, elapsed_s) of every resolved time-keyed fault; `started`, the start
+    time of every fault with a duration that started; `active`, those not ended yet.
+    """
+
+    def __init__(self, faults: Iterable[FaultSpec], start: int = 0, end: int | None = None) -> None:
+        faults = tuple(faults)
+        self.end = end
+        self.faults: list[FaultSpec | FaultEnd] = [f for f in faults if f.at_iter is not None]
+        self.pending = sorted((f for f in faults if f.at_s is not None), key=lambda f: f.at_s)
+        self.injected: list[tuple[FaultSpec, int, float]] = []
+        self.waiting = [f for f in self.faults if f.duration_s is not None and f.at_iter > start]
+        self.started = {f: 0.0 for f in self.faults if f.duration_s is not None and f.at_iter <= start}
+        self.active = set(self.started)
+
+    def resolve(self, it: int, elapsed_s: float) -> list[FaultSpec | FaultEnd]:
+        if self.end is not None and it + 1 >= self.end:
+            return []
+        new: list[FaultSpec | FaultEnd] = []
+        for f in sorted(self.active, key=lambda f: (self.started[f], f.at_iter, f.devices)):
+            if elapsed_s >= self.started[f] + f.duration_s:
+                self.active.remove(f)
+                new.append(FaultEnd(f, it + 1))
+        for f in [f for f in self.waiting if f.at_iter <= it + 1]:
+            self.waiting.remove(f)
+            self.started[f] = elapsed_s
+            self.active.add(f)
+        taken: set[tuple] = set()
+        for f in list(self.pending):
+            if f.at_s > elapsed_s:
+                break
+            if _key(f) in taken:
+                continue
+            taken.add(_key(f))
+            self.pending.remove(f)
+            got = dataclasses.replace(f, at_s=None, at_iter=it + 1)
+            self.injected.append((f, it + 1, elapsed_s))
+            if got.duration_s is not None:
+                self.started[got] = elapsed_s
+                self.active.add(got)
+            new.append(got)
+        self.faults.extend(new)
+        return new
 
 
 def faults_at(
-    faults: Iterable[FaultSpec], device: int, it: int
+    faults: Iterable[FaultSpec | FaultEnd], device: int, it: int
 ) -> tuple[FaultSpec | None, float, dict[int, float]]:
     """(the `stop` fault of iteration `it` (phase start or allreduce) or None, compute speed p,
-    {peer device: link factor f}) for `device` at iteration `it`."""
-    stop, slow, link = None, 1.0, {}
+    {peer device: link factor f}) for `device` at iteration `it`; of several active slow faults of a
+    device (or link faults of a link), the one with the latest `at_iter` applies; a fault with a
+    `FaultEnd` at or before `it` is over."""
+    faults = tuple(faults)
+    over = {e.fault for e in faults if isinstance(e, FaultEnd) and e.at_iter <= it}
+    stop, slow, link = None, (-1, 1.0), {}
     for f in faults:
-        if f.at_iter > it or device not in f.devices:
+        if isinstance(f, FaultEnd) or f in over or f.at_iter > it or device not in f.devices:
             continue
         if f.kind == "stop" and f.at_iter == it and f.phase != "join":
             stop = f
-        elif f.kind == "slow":
-            slow = float(f.severity)
+        elif f.kind == "slow" and f.at_iter >= slow[0]:
+            slow = (f.at_iter, float(f.severity))
         elif f.kind == "link":
-            link[f.dst if device == f.src else f.src] = float(f.severity)
-    return stop, slow, link
+            peer = f.dst if device == f.src else f.src
+            if f.at_iter >= link.get(peer, (-1,))[0]:
+                link[peer] = (f.at_iter, float(f.severity))
+    return stop, slow[1], {peer: v[1] for peer, v in link.items()}
 
 
-def join_stop(faults: Iterable[FaultSpec], device: int, start: int) -> FaultSpec | None:
+def join_stop(faults: Iterable[FaultSpec | FaultEnd], device: int, start: int) -> FaultSpec | None:
     """The `stop` fault with phase "join" that hits `device` while it joins a generation starting at
     iteration `start` (the first generation it joins at or after the fault's `at_iter`; a fresh
     process of a device that re-joined since is not hit again), or None."""
-    faults = tuple(faults)
+    faults = tuple(f for f in faults if isinstance(f, FaultSpec))
     rejoins = [f.at_iter for f in faults if f.kind == "rejoin" and f.device == device and f.at_iter <= start]
     back = max(rejoins, default=-1)
     for f in faults:

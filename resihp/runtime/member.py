@@ -10,6 +10,10 @@ controller's decision `decision/{g}/{k}` in the store:
 * `next`: apply the step, then leave g for the Plan the controller published as `plan/{g+1}`;
 * `abort`: a member died; skip the step (the state stays the one committed at k − 1) and join g+1.
 
+`commit+faults` / `next+faults`: the same, once the member replaced its faults with those of the
+store key `faults/{g}/{k}` (the controller resolved time-keyed faults or fault ends at this commit:
+`faults.TimedFaults`); every message of a generation (`plan/{g}`) carries them too.
+
 Joining g: the member reports `joining` and waits on the store key `go/{g}` (`liveness.JoinBarrier`):
 the controller writes `go` once every member of g arrived, or `abort` when a member died first, so a
 death between generations never reaches gloo. After `go` the rendezvous and group building run
@@ -70,10 +74,14 @@ def decision_key(generation: int, it: int) -> str:
     return f"decision/{generation}/{it}"
 
 
+def faults_key(generation: int, it: int) -> str:
+    return f"faults/{generation}/{it}"
+
+
 def member_main(blob: bytes, beats, results, agent: int) -> None:
     """Process entry point (spawned by the agent process `agent`); `blob` pickles (msg, job, faults,
     device, store port), `msg` being the first generation's {"generation", "plan", "members",
-    "start", "source"} (a member that re-joins a running job starts in generation g > 0; it holds
+    "start", "source", "faults"} (a member that re-joins a running job starts in generation g > 0; it holds
     nothing of `source` but takes part in its transfer). `beats`: the agent's heartbeat queue."""
     msg, job, faults, device, port = pickle.loads(blob)
     watch(agent, lambda: os._exit(3))  # a dead agent (a dead node) takes its members down
@@ -142,8 +150,10 @@ def _run(msg: dict, job, faults, device: int, store, results, heart: Heartbeat) 
     # generation -> (Holding or None, snapshots): the committed state this member left it with
     held: dict[int, tuple] = {}
     teardown_s = 0.0  # leaving the previous generation: holding copy, group destruction
+    faults = list(faults)  # every fault resolved so far (iteration-keyed), updated in place
     while msg is not None:
         g, plan, it = msg["generation"], msg["plan"], msg["start"]
+        faults[:] = msg.get("faults", faults)
         source = msg["source"]  # (generation, plan) whose held state g starts from; None: seed/checkpoint
         for k in [k for k in held if source is None or k < source[0]]:
             del held[k]  # never a transfer source again (`liveness.source_generation` is monotone)
@@ -245,6 +255,9 @@ def _iterate(
         verdict = store.get(decision_key(g, k)).decode()
         if verdict == "abort":
             raise Aborted(f"iteration {k} aborted by the controller")
+        verdict, _, news = verdict.partition("+")
+        if news == "faults":  # time-keyed faults or fault ends resolved at this commit
+            faults[:] = pickle.loads(store.get(faults_key(g, k)))
         decision["verdict"] = verdict
 
     worker.before_step = before_step

@@ -139,11 +139,7 @@ def replan_after_stop(
     preset name; None: the `cpu` preset)."""
     dead = set(current.devices()) - members
     if policy is not None:
-        n = max(members | set(initial.devices()) | set(current.devices())) + 1
-        cluster = Cluster(1, n, hardware or "cpu", alive=tuple(d in members for d in range(n)))
-        first = initial.replicas[0]
-        tp = max(st.tp for st in first)
-        job = Job(initial.model, cluster, workload, tp, len(first), initial.dp, initial.schedule)
+        job, cluster = _policy_inputs(initial, current, members, workload, {}, {}, hardware)
         decision = POLICIES[policy]().adapt(
             job, current, cluster, [FailureReport("fail-stop", tuple(sorted(dead)))]
         )

@@ -176,12 +176,18 @@ def run_training(
             heartbeat_timeout_s=float(config.heartbeat_timeout_s),
             devices_per_node=config.devices_per_node,
         )
-        for f in faults:
-            event = {"iter": f.at_iter, "kind": f"inject-{f.kind}", "devices": list(f.devices)}
+        # time-keyed faults with the iteration the controller resolved them to (unresolved: none)
+        injected = [(f, f.at_iter, None) for f in faults if f.at_iter is not None] + out["faults"]
+        for f, at_iter, elapsed_s in injected:
+            event = {"iter": at_iter, "kind": f"inject-{f.kind}", "devices": list(f.devices)}
             if f.kind == "stop" and (f.phase != "start" or f.hang):
                 event.update(phase=f.phase, hang=f.hang)
             if f.severity is not None:
                 event["severity"] = f.severity
+            if f.duration_s is not None:
+                event["duration_s"] = f.duration_s
+            if f.at_s is not None:
+                event.update(at_s=f.at_s, elapsed_s=elapsed_s)
             events.append(event)
         events.extend(out["events"])
         events.sort(key=lambda e: e["iter"])
