@@ -7,7 +7,6 @@ of a tiny gradient after a different reduction order moves it by up to 2·lr.
 """
 
 import pytest
-import torch
 
 from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan, Stage
@@ -32,15 +31,7 @@ def _reference(plan: Plan, config: TrainConfig):
     )
 
 
-def _check_state(res: dict, ref_state: dict, lr: float) -> None:
-    for d, state in res["state"].items():
-        for name, value in state.items():
-            torch.testing.assert_close(
-                value, ref_state[name], atol=2.5 * lr, rtol=0, msg=f"replica {d} {name}"
-            )
-
-
-def test_planned_replans_change_tp_layers_migration_and_standby():
+def test_planned_replans_change_tp_layers_migration_and_standby(check_state):
     """gen 0 uniform tp2 x pp2 x dp2; at iteration 2 gen 1: TP 3 (3,3,2) and TP 2 (5,3) stages,
     different layer cuts per replica, a migrated micro-batch, device 7 on standby; at iteration 4
     gen 2: device 7 back (receives state it never held), device 0 to standby."""
@@ -62,11 +53,11 @@ def test_planned_replans_change_tp_layers_migration_and_standby():
     assert (2, "replan") in kinds and (4, "replan") in kinds
     assert [e["generation"] for e in res["events"] if e["kind"] == "state-transfer"] == [1, 2]
     assert set(res["state"]) == {0, 1}
-    _check_state(res, ref_state, config.lr)
+    check_state(res, ref_state, config.lr)
     assert alive(res["worker_pids"]) == [], "orphan worker processes"
 
 
-def test_fail_stop_of_a_tp_member_recovers_without_restart(tmp_path):
+def test_fail_stop_of_a_tp_member_recovers_without_restart(tmp_path, check_state):
     """tp2 x pp2 x dp2; device 5 (TP rank 1 of replica 1, stage 0) stops at iteration 2 while device
     1 computes 5x slower from iteration 1: the run completes on the same processes, replica 1's
     stage 0 shrinks to TP 1 with its shard from replica 0, iteration 2 is re-run under generation
@@ -93,11 +84,11 @@ def test_fail_stop_of_a_tp_member_recovers_without_restart(tmp_path):
     slow = [r for r in res["trace"] if r["device"] == 1 and r["iter"] == 3][0]
     fast = [r for r in res["trace"] if r["device"] == 0 and r["iter"] == 3][0]
     assert slow["compute_s"] > 2 * fast["compute_s"]  # p = 0.2: about 5x its TP peer
-    _check_state(res, ref_state, config.lr)
+    check_state(res, ref_state, config.lr)
     assert alive(res["worker_pids"]) == [], "orphan worker processes"
 
 
-def test_loss_of_a_whole_stage_is_served_by_the_other_replica(tmp_path):
+def test_loss_of_a_whole_stage_is_served_by_the_other_replica(tmp_path, check_state):
     """Both TP members of replica 1's last stage (devices 6, 7) stop at iteration 1 while the link
     1-3 is slow: the resihp policy makes that stage hollow and migrates its micro-batches to replica
     0's (same global batch), and the losses still equal the reference."""
@@ -120,11 +111,11 @@ def test_loss_of_a_whole_stage_is_served_by_the_other_replica(tmp_path):
     assert replan["reason"].startswith("resihp") and 6 not in replan["devices"] and 7 not in replan["devices"]
     final = res["plans"][-1]
     assert final["microbatches"] == [2, 2] and final["assignment"]
-    _check_state(res, ref_state, config.lr)
+    check_state(res, ref_state, config.lr)
     assert alive(res["worker_pids"]) == [], "orphan worker processes"
 
 
-def test_stopped_device_rejoins_and_the_plan_grows_back(tmp_path):
+def test_stopped_device_rejoins_and_the_plan_grows_back(tmp_path, check_state):
     """Device 5 stops at iteration 1 and a fresh process for it re-joins at iteration 3: it receives
     its shard from its TP peer and replica 0 and the initial layout returns (generation 2); the
     committed history equals the reference."""
@@ -144,12 +135,12 @@ def test_stopped_device_rejoins_and_the_plan_grows_back(tmp_path):
     assert (1, "fail-stop", [5]) in kinds and (3, "rejoin", [5]) in kinds
     final = res["plans"][-1]
     assert final["replicas"] == plan.to_dict()["replicas"] and final["generation"] == 2
-    _check_state(res, ref_state, config.lr)
+    check_state(res, ref_state, config.lr)
     # 8 members, the re-joined one, and the node agent that spawned them
     assert len(res["worker_pids"]) == 10 and alive(res["worker_pids"]) == [], "orphan worker processes"
 
 
-def test_two_stops_in_sequence_one_before_any_step_under_zbh1(tmp_path):
+def test_two_stops_in_sequence_one_before_any_step_under_zbh1(tmp_path, check_state):
     """ZB-H1 with the explicit shrink rule (no scheduler policy): device 2 (a last-stage TP member)
     stops before iteration 0 commits anything (state moves without Adam moments), device 4 (a
     first-stage member of the other replica) at iteration 2: two recoveries, generations 0 -> 1 ->
@@ -170,11 +161,11 @@ def test_two_stops_in_sequence_one_before_any_step_under_zbh1(tmp_path):
     assert stops == [(0, [2]), (2, [4])]
     final = res["plans"][-1]["replicas"]
     assert final[0][1]["devices"] == [3] and final[1][0]["devices"] == [5]
-    _check_state(res, ref_state, config.lr)
+    check_state(res, ref_state, config.lr)
     assert alive(res["worker_pids"]) == [], "orphan worker processes"
 
 
-def test_stop_during_the_dp_gradient_reduction(tmp_path):
+def test_stop_during_the_dp_gradient_reduction(tmp_path, check_state):
     """tp1 x pp2 x dp2; device 3 (replica 1's last stage) exits on entering its gradient all-reduce of
     iteration 2, when its DP peer (device 1) is inside the same all-reduce: the peer's collective
     fails, nobody steps, iteration 2 is re-run once under generation 1 (replica 1's micro-batches
@@ -192,5 +183,5 @@ def test_stop_during_the_dp_gradient_reduction(tmp_path):
     assert (2, "inject-stop", [3]) in kinds and (2, "fail-stop", [3]) in kinds
     assert next(e for e in res["events"] if e["kind"] == "inject-stop")["phase"] == "allreduce"
     assert 3 not in res["plans"][-1]["replicas"][1][1]["devices"]
-    _check_state(res, ref_state, config.lr)
+    check_state(res, ref_state, config.lr)
     assert alive(res["worker_pids"]) == [], "orphan worker processes"

@@ -19,12 +19,11 @@ from resihp.runtime.train import run_training
 SPEC = ModelSpec("t", 4, 32, 8, 2, 48, 256)
 
 
-def _reference_losses(plan: Plan, config: TrainConfig) -> list[float]:
-    losses, _ = train_reference(
+def _reference(plan: Plan, config: TrainConfig) -> tuple[list[float], dict]:
+    return train_reference(
         SPEC, config.workload(), plan.global_microbatches, config.iterations, seed=config.seed,
         optim=config.optim(),
     )  # fmt: skip
-    return losses
 
 
 def _work(plan: dict, device: int) -> float:
@@ -44,7 +43,7 @@ def _work(plan: dict, device: int) -> float:
 
 
 @pytest.mark.slow
-def test_slow_device_is_detected_and_its_tp_stage_rebalanced(tmp_path):
+def test_slow_device_is_detected_and_its_tp_stage_rebalanced(tmp_path, check_state):
     """tp2 x pp1 x dp2; device 1 computes 4x slower from iteration 2: the controller blames device 1
     (severity well below 1) from compute-only timings and the scheduler gives it less work — the
     resihp policy drops it to standby (TP 1 is faster than an uneven TP 2 on CPU, measured), where
@@ -53,9 +52,10 @@ def test_slow_device_is_detected_and_its_tp_stage_rebalanced(tmp_path):
     faults.write_text("[[faults]]\nkind = 'slow'\ndevice = 1\nat_iter = 2\nseverity = 0.25\n")
     config = TrainConfig(seq_len=32, microbatches=2, iterations=6, faults=str(faults))
     plan = Plan.uniform(SPEC, 2, 1, 2, 2)
-    res = run_training(config, plan, progress=False, detect_slow=True)
-    losses = [row["loss"] for row in res["iterations"]]
-    assert losses == pytest.approx(_reference_losses(plan, config), rel=1e-4)
+    res = run_training(config, plan, progress=False, detect_slow=True, return_state=True)
+    ref_losses, ref_state = _reference(plan, config)
+    assert [row["loss"] for row in res["iterations"]] == pytest.approx(ref_losses, rel=1e-4)
+    check_state(res, ref_state, config.lr)
     slow = [e for e in res["events"] if e["kind"] == "fail-slow"]
     assert slow[0]["devices"] == [1] and slow[0]["iter"] >= 2 and slow[0]["severity"] < 0.6, res["events"]
     replan = next(e for e in res["events"] if e["kind"] == "replan")
@@ -66,7 +66,7 @@ def test_slow_device_is_detected_and_its_tp_stage_rebalanced(tmp_path):
 
 
 @pytest.mark.slow
-def test_slow_device_in_a_tp1_stage_gets_the_schedulers_plan(tmp_path):
+def test_slow_device_in_a_tp1_stage_gets_the_schedulers_plan(tmp_path, check_state):
     """pp2 x dp2 of TP-1 stages (no rule applies); device 1 (replica 0, last stage) computes 4x
     slower from iteration 2: it is blamed, the resihp policy's plan (layers and micro-batches moved
     off device 1) runs from a later boundary, and the losses equal the reference."""
@@ -74,9 +74,10 @@ def test_slow_device_in_a_tp1_stage_gets_the_schedulers_plan(tmp_path):
     faults.write_text("[[faults]]\nkind = 'slow'\ndevice = 1\nat_iter = 2\nseverity = 0.25\n")
     config = TrainConfig(seq_len=32, microbatches=2, iterations=7, faults=str(faults))
     plan = Plan.uniform(SPEC, 1, 2, 2, 2)
-    res = run_training(config, plan, progress=False, detect_slow=True)
-    losses = [row["loss"] for row in res["iterations"]]
-    assert losses == pytest.approx(_reference_losses(plan, config), rel=1e-4)
+    res = run_training(config, plan, progress=False, detect_slow=True, return_state=True)
+    ref_losses, ref_state = _reference(plan, config)
+    assert [row["loss"] for row in res["iterations"]] == pytest.approx(ref_losses, rel=1e-4)
+    check_state(res, ref_state, config.lr)
     slow = [e for e in res["events"] if e["kind"] == "fail-slow"]
     assert slow[0]["devices"] == [1] and slow[0]["severity"] < 0.6, res["events"]
     assert slow[0]["reason"].startswith("replan at iteration"), slow[0]
@@ -87,7 +88,7 @@ def test_slow_device_in_a_tp1_stage_gets_the_schedulers_plan(tmp_path):
 
 
 @pytest.mark.slow
-def test_slow_link_is_detected_and_taken_off_the_pipeline(tmp_path):
+def test_slow_link_is_detected_and_taken_off_the_pipeline(tmp_path, check_state):
     """pp2 x dp2, nominal links of 0.25 MB/s; the link between devices 0 and 1 (replica 0, stages 0
     and 1) runs at 1/4 from iteration 2: every received block takes at least its nominal time (4 KB:
     16.4 ms, 65.5 ms on the slow link), the controller names link (0, 1) first and lowest, with
@@ -99,9 +100,10 @@ def test_slow_link_is_detected_and_taken_off_the_pipeline(tmp_path):
     faults.write_text("[[faults]]\nkind = 'link'\nsrc = 0\ndst = 1\nat_iter = 2\nseverity = 0.25\n")
     config = TrainConfig(seq_len=32, microbatches=2, iterations=7, faults=str(faults), link_mb_per_s=0.25)
     plan = Plan.uniform(SPEC, 1, 2, 2, 2)
-    res = run_training(config, plan, progress=False, detect_slow=True)
-    losses = [row["loss"] for row in res["iterations"]]
-    assert losses == pytest.approx(_reference_losses(plan, config), rel=1e-4)
+    res = run_training(config, plan, progress=False, detect_slow=True, return_state=True)
+    ref_losses, ref_state = _reference(plan, config)
+    assert [row["loss"] for row in res["iterations"]] == pytest.approx(ref_losses, rel=1e-4)
+    check_state(res, ref_state, config.lr)
     links = [e for e in res["events"] if e["kind"] == "link-slow"]
     assert links[0]["link"] == [0, 1] and links[0]["severity"] < 0.6, res["events"]
     assert min(links, key=lambda e: e["severity"]) is links[0]
