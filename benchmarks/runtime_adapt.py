@@ -19,8 +19,9 @@ max over the TP group; `fit_linear_time` per group and F/B, `chunk_table`: the p
 gradient sync per group from the measured ALLREDUCE (median), P2P from the fast tail (10th
 percentile) of the measured RECV, plus an iteration-level offset (median of measured − predicted
 over the same iterations: Python work between instructions and the commit round trip). The
-adapted plan's stages scale their base group's row by their layer count over the base stage's and
-by max over TP members of (share of heads and FFN columns x tp / speed); then
+adapted plan's stages cost their layer count x a per-layer row (the first stage's row over its
+layers) plus, on the last stage, its extra work (LM head, loss), scaled by max over TP members of
+(share of heads and FFN columns x tp / speed); then
 `resihp.sim.pipeline.evaluate`. The fault-free second half is the held-out self-check.
 
     .venv/bin/python benchmarks/runtime_adapt.py [--iterations 40] [--layout tp1] [--policy none] [--json OUT]
@@ -137,24 +138,30 @@ def calibrate(res: dict, first: int, last: int) -> tuple[dict, dict, float]:
 
 def predict(plan: Plan, base: Plan, table: dict, allreduce: dict, p2p: float, speeds: dict, it: int):
     """Predicted iteration time of `plan` at iteration `it`'s batch (without the iteration-level
-    offset). Each stage's chunk row is its base-plan group's calibrated row scaled by the stage's
-    layer count over the base stage's (moved layers) and by max over its TP members of (share of
-    heads and FFN columns x base tp / speed); migrated micro-batches run with their executor's rows
-    (`compile_plan` orders them)."""
+    offset). Per replica, the base plan's calibrated rows are split into a per-layer row (the first
+    stage's row over its layer count: the embedding lookup is taken as free) and the last stage's
+    extra work (its row minus its layers: LM head and loss); a stage of `plan` costs its layer count
+    x the per-layer row (+ the extra on the last stage), scaled by max over its TP members of (share
+    of heads and FFN columns x base tp / speed). Migrated micro-batches run with their executor's
+    rows (`compile_plan` orders them)."""
     spec, workload = plan.model, TrainConfig().workload()
     chunk, sync = {}, {}
     for d, stages in enumerate(plan.replicas):
+        old = base.replicas[d]
+        per_layer = table[d, 0] / (old[0].layers[1] - old[0].layers[0])
+        head = table[d, len(old) - 1] - per_layer * (old[-1].layers[1] - old[-1].layers[0])
+        sync_layer = allreduce[d, 0] / (old[0].layers[1] - old[0].layers[0])
         for i, st in enumerate(stages):
             if st.hollow:
                 continue
-            old = base.replicas[d][i]
-            layers = (st.layers[1] - st.layers[0]) / (old.layers[1] - old.layers[0])
-            scale = layers * max(
-                0.5 * (h / spec.heads + f / spec.ffn) * old.tp / speeds.get(dev, 1.0)
+            n = st.layers[1] - st.layers[0]
+            scale = max(
+                0.5 * (h / spec.heads + f / spec.ffn) * old[0].tp / speeds.get(dev, 1.0)
                 for dev, h, f in zip(st.devices, st.tp_split, st.ffn_split)
             )
-            chunk[d, i] = table[d, i] * np.array([[scale], [scale], [scale]])
-            sync[d, i] = allreduce[d, i] * layers
+            last = st.layers[1] == spec.num_layers
+            chunk[d, i] = (per_layer * n + (head if last else 0.0)) * scale
+            sync[d, i] = sync_layer * n
     batch = workload.pack(it, plan.global_microbatches)
     costs = Costs(
         np.full(batch.count, float(batch.seq_len)),

@@ -182,6 +182,19 @@ class TimedFaults:
         return new
 
 
+def end_event(end: FaultEnd, lasted_s: float) -> dict:
+    """The event of a `duration_s` fault that ends at iteration `end.at_iter` after `lasted_s`."""
+    f = end.fault
+    return {
+        "iter": end.at_iter,
+        "kind": "fault-end",
+        "fault": f.kind,
+        "devices": list(f.devices),
+        "duration_s": f.duration_s,
+        "lasted_s": lasted_s,
+    }
+
+
 def faults_at(
     faults: Iterable[FaultSpec | FaultEnd], device: int, it: int
 ) -> tuple[FaultSpec | None, float, dict[int, float]]:

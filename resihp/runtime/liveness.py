@@ -1,6 +1,7 @@
 """Liveness of the elastic runtime's members: heartbeats, the join barrier, the state survivors hold.
 
-Torch-free; the controller (`controller.py`) uses all three, member processes send the messages.
+Torch-free; the controller (`controller.py`, `processes.py`, `recovery.py`) uses all three, member
+processes send the messages.
 
 * Heartbeats: every member process puts ("heartbeat", device, {"time", "pid"}) on its node agent's
   queue every `HEARTBEAT_S` from a daemon thread (`member.Heartbeat`). Gloo and store waits release

@@ -72,7 +72,7 @@ def test_slow_device_in_a_tp1_stage_gets_the_schedulers_plan(tmp_path, check_sta
     off device 1) runs from a later boundary, and the losses equal the reference."""
     faults = tmp_path / "faults.toml"
     faults.write_text("[[faults]]\nkind = 'slow'\ndevice = 1\nat_iter = 2\nseverity = 0.25\n")
-    config = TrainConfig(seq_len=32, microbatches=2, iterations=7, faults=str(faults))
+    config = TrainConfig(seq_len=32, microbatches=2, iterations=9, faults=str(faults))
     plan = Plan.uniform(SPEC, 1, 2, 2, 2)
     res = run_training(config, plan, progress=False, detect_slow=True, return_state=True)
     ref_losses, ref_state = _reference(plan, config)
@@ -98,7 +98,7 @@ def test_slow_link_is_detected_and_taken_off_the_pipeline(tmp_path, check_state)
     still equal the reference."""
     faults = tmp_path / "faults.toml"
     faults.write_text("[[faults]]\nkind = 'link'\nsrc = 0\ndst = 1\nat_iter = 2\nseverity = 0.25\n")
-    config = TrainConfig(seq_len=32, microbatches=2, iterations=7, faults=str(faults), link_mb_per_s=0.25)
+    config = TrainConfig(seq_len=32, microbatches=2, iterations=9, faults=str(faults), link_mb_per_s=0.25)
     plan = Plan.uniform(SPEC, 1, 2, 2, 2)
     res = run_training(config, plan, progress=False, detect_slow=True, return_state=True)
     ref_losses, ref_state = _reference(plan, config)

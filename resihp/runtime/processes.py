@@ -1,0 +1,108 @@
+"""The controller's member processes: spawning, liveness verdicts, deaths, failing the job, shutdown.
+
+Torch-free. The controller (`controller.py`) reads every message through `Processes.inbox` and
+asks, at every turn of its loop, for the verdicts (`check_alive`) and the members that died (`dead`):
+
+* Liveness (`liveness.py`): every member beats every 0.25 s (through its agent); one silent for
+  `heartbeat_timeout_s` is hung (a frozen process, a hung device) and its agent SIGKILLs it — its
+  sockets close, so peers blocked in a collective with it fail at once — and from then on it is a
+  fail-stop (`"cause": "heartbeat"`; a process that exited by itself: `"cause": "exit"`). A member
+  with no first heartbeat within `start_timeout_s` of its spawn fails the job (`WorkerFailed`). An
+  agent that exits or is silent for `heartbeat_timeout_s` is a dead node: every device of it is a
+  fail-stop (`"cause": "node"`).
+"""
+
+from __future__ import annotations
+
+import time
+
+from .agent import Agents, WorkerFailed
+from .liveness import Inbox, Liveness
+
+
+class Processes:
+    """One agent per node (`agent.Agents`), the members' `liveness`, the `inbox` of their messages.
+
+    `done`: devices whose member said done; `stopping`: device -> wall-clock time its member stopped
+    (its own `stopping` report, or silent since, for one killed); `killed`: device -> why the
+    controller killed it (heartbeat | node). A spawn clears the device's `stopping` and `killed`.
+    """
+
+    def __init__(
+        self,
+        results,
+        liveness: Liveness,
+        devices_per_node: int | None,
+        timeout_s: float,
+        start_timeout_s: float,
+    ) -> None:
+        self.liveness, self.start_timeout_s = liveness, start_timeout_s
+        self.agents = Agents(results, devices_per_node, timeout_s, start_timeout_s)
+        self.inbox = Inbox(results, liveness, nodes=self.agents.liveness, track=self.agents.track)
+        self.done: set[int] = set()
+        self.stopping: dict[int, float] = {}
+        self.killed: dict[int, str] = {}  # device -> why the controller killed it (heartbeat | node)
+
+    def spawn(self, dev: int, blob: bytes) -> None:
+        self.agents.spawn(dev, blob)
+        self.liveness.spawn(dev, time.monotonic())
+        self.stopping.pop(dev, None)
+        self.killed.pop(dev, None)
+
+    def finish(self, dev: int) -> None:
+        """The member of `dev` said done."""
+        self.done.add(dev)
+        self.liveness.forget(dev)
+
+    def dead(self, members: set[int]) -> list[int]:
+        """Members whose process died; exit code 0: a member that finished (its "done" may still be in
+        the queue)."""
+        return sorted(d for d in members if d not in self.done and self.agents.exitcode(d) not in (None, 0))
+
+    def check_alive(self, members: set[int]) -> None:
+        """Have members silent for longer than the heartbeat timeout killed, and fence the nodes
+        whose agent died or went silent (their devices become fail-stops); fail the job when a
+        spawned member or agent never sent its first heartbeat."""
+        now, agents, liveness = time.monotonic(), self.agents, self.liveness
+        for d in liveness.hung(now):
+            if d in members and d not in self.done and agents.exitcode(d) is None:
+                agents.kill(d)  # SIGKILL works on a stopped process too; its agent reports the exit
+                self.killed[d] = "heartbeat"
+                self.stopping.setdefault(d, time.time() - (now - liveness.last[d]))  # silent since
+            liveness.forget(d)
+        heard = dict(agents.liveness.last)  # each agent's last beat, before `lost` forgets the dead
+        for node, devs in agents.lost(now).items():  # fenced: their processes are dead
+            for d in devs:
+                self.killed[d] = "node"
+                if node in heard:
+                    self.stopping.setdefault(d, time.time() - (now - heard[node]))  # silent since
+                liveness.forget(d)
+        late = [d for d in liveness.unstarted(now) if agents.exitcode(d) is None]
+        who = [f"worker of device {d}" for d in late] + [f"agent of node {n}" for n in agents.unstarted(now)]
+        if who:
+            raise WorkerFailed(
+                "\n".join(f"{w} sent no heartbeat within {self.start_timeout_s:g} s" for w in who),
+                late,
+                agents.pids,
+            )
+
+    def fail(self, errors: dict[int, str]) -> None:
+        """Raise WorkerFailed blaming, first, members that died without a word (the likely root
+        cause: their peers' collectives then fail with "connection closed"), then those that
+        raised; it first waits 1 s for the other consequences of one failure to arrive."""
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            self.inbox.drain(0.1)
+        errors.update({d: p for k, d, p in self.inbox.pending if k == "error"})
+        code = self.agents.exitcode
+        dead = [d for d in sorted(self.agents.code) if d not in self.done and d not in errors and code(d)]
+        lines = [f"worker of device {d} died (exit code {code(d)})" for d in dead]
+        lines += [f"worker of device {d} failed:\n{tb}" for d, tb in sorted(errors.items())]
+        raise WorkerFailed("\n".join(lines), dead + sorted(errors), self.agents.pids)
+
+    def close(self, grace_s: float) -> None:
+        """Shut the agents down (their members get `grace_s` to exit by themselves), read their last
+        reports (every pid), kill a member that outlived its agent."""
+        self.agents.shutdown(grace_s)
+        self.inbox.drain()
+        self.agents.fence()

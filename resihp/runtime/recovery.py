@@ -1,0 +1,81 @@
+"""Recovery from a fail-stop: the state the survivors hold, its live copies, the next generation's plan.
+
+The controller (`controller.py`) calls `plan_after_stop` once the dead members are out of
+`members`, publishes the plan as generation g+1 and aborts the iteration in flight; `close_recovery`
+annotates the fail-stop event once that iteration is committed (docs/runtime.md, "What happens on a
+stop", "Recovery times").
+"""
+
+from __future__ import annotations
+
+import time
+
+from resihp.core.plan import Plan
+
+from .launch import JobSpec, WorkerFailed
+from .liveness import source_generation
+from .reconfig import replan_after_stop
+from .snapshot import holders
+from .transfer import source_stages
+
+
+def plan_after_stop(
+    plan: Plan,
+    plans: list[Plan],
+    joined: dict[int, set[int]],
+    members: set[int],
+    dead: list[int],
+    it: int,
+    job: JobSpec,
+    policy: str | None,
+    hardware,
+    events: list[dict],
+    pids: list[int],
+) -> tuple[Plan, str, tuple | None]:
+    """Generation `len(plans)`'s plan over the survivors `members` after `dead` stopped at iteration
+    `it`, the policy's reason, and its `source`: (generation, plan) whose held state the members
+    transfer from, None to start from the seed / checkpoint.
+
+    `plan` is generation 0's, `plans` every generation's, `joined` generation -> members that
+    completed its join. Every tensor must have a complete live copy in the source state
+    (`transfer.source_stages`); with `job.snapshots` a lost stage's snapshot holders count (event
+    `snapshot-restore`, appended to `events`), else WorkerFailed (carrying `pids`).
+    """
+    # the state survivors hold: of cur, or of an earlier generation when cur's rebuild failed
+    src = source_generation([p.devices() for p in plans], joined, members)
+    base = plans[0] if src is None else plans[src]
+    try:
+        if src is not None:  # (None: nothing joined yet, start from the seed / checkpoint)
+            source_stages(base, members)
+    except ValueError as e:  # a stage lost every replica: its snapshots, else WorkerFailed
+        if not job.snapshots:
+            raise WorkerFailed(
+                f"devices {dead} stopped at iteration {it} and the job cannot go on: {e} "
+                "(run.snapshots = true keeps an in-memory copy of every stage on a peer)",
+                dead,
+                pids,
+            ) from None
+        hold = holders(base)
+        source_stages(base, members, hold)
+        lost = sorted(d for d in base.devices() if d not in members)
+        used = sorted({hold[d] for d in lost if d in hold})
+        events.append({"iter": it, "kind": "snapshot-restore", "devices": used, "lost": lost})
+    new, reason = replan_after_stop(
+        plan, base, members, len(plans), job.workload, policy, absorb=job.snapshots, hardware=hardware
+    )
+    return new, reason, None if src is None else (src, base)
+
+
+def close_recovery(rec: dict, events: list[dict], joined: dict) -> None:
+    """Annotate the last fail-stop event with the kill -> first committed iteration breakdown."""
+    got = joined.get(rec["gen"], [])
+    stop = next(e for e in reversed(events) if e["kind"] == "fail-stop")
+    stop["recovery"] = {
+        "kill_to_commit_s": time.time() - rec["t_stop"],
+        "detect_s": rec["detect_s"],
+        "plan_s": rec["plan_s"],
+        **{
+            k: max((p[k] for p in got), default=0.0)
+            for k in ("teardown_s", "group_s", "transfer_s", "build_s")
+        },
+    }
