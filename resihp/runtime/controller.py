@@ -148,6 +148,7 @@ class Controller:
         self.joined_devs: dict[int, set[int]] = {}  # generation -> members that completed its join
         self.bodies: dict[int, dict] = {0: msg0}
         self.aborts: dict[int, str] = {}  # device -> its failed collective, in the current generation
+        self.noticed: dict[int, dict[int, str]] = {}  # generation -> device -> how it saw the failure
 
     def run(self) -> dict:
         """Spawn generation 0's members, then handle deaths, the join barrier and every message until
@@ -175,6 +176,10 @@ class Controller:
             self.procs.close(0.0)
             self.results.close()
             self.store = None  # shut the TCPStore down with its last reference
+        for g, seen in self.noticed.items():  # the first fail-stop that ended generation g
+            stop = next((e for e in self.events if e["kind"] == "fail-stop" and e["generation"] == g), None)
+            if stop is not None:
+                stop["noticed"] = {d: seen[d] for d in sorted(seen)}
         return {
             "records": {k: [v[d] for d in sorted(v)] for k, v in sorted(self.records.items())},
             "state": _gather(self.cur, self.shards) if self.job.return_state else {},
@@ -216,7 +221,9 @@ class Controller:
         for d in dead:
             self.procs.liveness.forget(d)
             cause = self.procs.killed.get(d, "exit")
-            self.events.append({"iter": self.it, "kind": "fail-stop", "devices": [d], "cause": cause})
+            self.events.append(
+                {"iter": self.it, "kind": "fail-stop", "devices": [d], "cause": cause, "generation": self.gen}
+            )
         t0 = time.perf_counter()
         hardware = None if self.watch is None else self.watch.hardware
         new, reason, source = plan_after_stop(
@@ -292,6 +299,7 @@ class Controller:
         self.barrier.arrive(payload["generation"], dev)
 
     def on_abort(self, dev: int, payload: dict) -> None:
+        self.noticed.setdefault(payload["generation"], {})[dev] = payload["error"][:200]
         if payload["generation"] == self.gen:
             self.aborts[dev] = payload["error"]
             self.abort_since = self.abort_since or time.monotonic()

@@ -182,6 +182,8 @@ def test_stop_during_the_dp_gradient_reduction(tmp_path, check_state):
     kinds = [(e["iter"], e["kind"], e.get("devices")) for e in res["events"]]
     assert (2, "inject-stop", [3]) in kinds and (2, "fail-stop", [3]) in kinds
     assert next(e for e in res["events"] if e["kind"] == "inject-stop")["phase"] == "allreduce"
+    noticed = next(e for e in res["events"] if e["kind"] == "fail-stop")["noticed"]
+    assert noticed[1].startswith("RuntimeError"), noticed  # the DP peer: its all-reduce failed
     assert 3 not in res["plans"][-1]["replicas"][1][1]["devices"]
     check_state(res, ref_state, config.lr)
     assert alive(res["worker_pids"]) == [], "orphan worker processes"
