@@ -74,9 +74,6 @@ class Cluster:
             raise ValueError(f"{key} = {device!r}: no such device; allowed: 0..{self.num_devices - 1}")
         return device
 
-    def live_devices(self) -> list[int]:
-        return [d for d in range(self.num_devices) if self.alive[d]]
-
     def link_factor(self, a: int, b: int) -> float:
         """Bandwidth factor of the link between devices a and b (1 = healthy)."""
         lo, hi = min(a, b), max(a, b)

@@ -48,10 +48,6 @@ class LinearTime:
     def as_row(self) -> tuple[float, float, float]:
         return (self.c0, self.alpha, self.beta)
 
-    def scaled(self, factor: float) -> LinearTime:
-        """Every coefficient times `factor` (e.g. 1/p for a device at speed p)."""
-        return LinearTime(self.c0 * factor, self.alpha * factor, self.beta * factor)
-
 
 def chunk_table(f: LinearTime, b: LinearTime, w: LinearTime | None = None) -> np.ndarray:
     """(3, 3) rows F, B, W × columns (c0, alpha, beta): one group's entry of `Costs.chunk`.

@@ -33,10 +33,6 @@ def allgather_s(nbytes: float, n: int, bw: float, alpha_s: float) -> float:
     return (n - 1) * alpha_s + (n - 1) / n * nbytes / bw
 
 
-def p2p_s(nbytes: float, bw: float, alpha_s: float) -> float:
-    return alpha_s + nbytes / bw
-
-
 class Links:
     """Bandwidth and latency between device pairs of one cluster on one hardware type."""
 

@@ -52,15 +52,6 @@ def mlp_params_per_layer(model: ModelSpec) -> int:
     return 3 * model.hidden * model.ffn
 
 
-def stage_params(model: ModelSpec, num_layers: int, first: bool, last: bool) -> int:
-    """P_stage: all parameters of a stage (all TP ranks together)."""
-    return (
-        num_layers * model.params_per_layer
-        + (model.embedding_params if first else 0)
-        + (model.head_params if last else 0)
-    )
-
-
 def device_params(
     model: ModelSpec,
     num_layers: int,

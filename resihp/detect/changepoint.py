@@ -101,13 +101,12 @@ class Detection:
 
 @dataclass(frozen=True)
 class Alarm:
-    """A slowdown handed on to localization/validation. `false_alarm` is set by a benchmark."""
+    """A slowdown handed on to localization/validation."""
 
     iteration: int  # the change point
     detected_at: int
     shift: float
     ratio: float | None = None  # median observed/predicted over the confirmation window
-    false_alarm: bool | None = None
 
 
 def _robust_mean(v: np.ndarray, z: float) -> float:

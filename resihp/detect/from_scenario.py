@@ -96,7 +96,7 @@ def synthesize(scenario: Scenario, seed: int = 0, warn: Callable[[str], None] = 
     devices = d * tp * pp + jm.devices[s, r]
     groups = list(zip(d.tolist(), s.tolist()))
     mbs = d * m + j
-    pd, _, pb, pj, pr = np.indices(blk.piece_s.shape[:1] + blk.piece_s.shape[2:]).reshape(5, -1)
+    pd, _, pb, _, pr = np.indices(blk.piece_s.shape[:1] + blk.piece_s.shape[2:]).reshape(5, -1)
     links = np.stack([pd * tp * pp + jm.devices[pb, pr], pd * tp * pp + jm.devices[pb + 1, pr]], axis=1)
     samples = [
         Sample(t, 0, float(observed[t]), devices, groups, k, mbs, blk.device_s[:, t].ravel(), links,

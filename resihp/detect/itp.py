@@ -104,9 +104,6 @@ class ITP:
         """Predicted healthy iteration seconds for this iteration's micro-batches (global order)."""
         return evaluate(self.program, self.costs(tokens, sum_sq)).iteration_s
 
-    def predict_chunk(self, group: GroupKey, kind: str, n, sum_sq):
-        return self.fits[(group, kind)].predict(n, sum_sq)
-
 
 class BatchDag:
     """`evaluate` vectorised over a batch of iterations with explicit per-chunk times.

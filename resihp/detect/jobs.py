@@ -65,7 +65,6 @@ class Block:
     sum_sq: np.ndarray  # (J, T, m) true Σl² of each micro-batch (what the packer logs)
     piece_s: np.ndarray  # wire time of each rank pair's piece of each transfer
     observed_s: np.ndarray  # (J, T) measured iteration time
-    healthy_s: np.ndarray  # (J, T) the same iteration without the fault, noise-free of spikes
 
 
 class JobModel:
@@ -197,7 +196,6 @@ class JobModel:
         wire = np.broadcast_to(self.piece_wire[:, None, :], (pp - 1, m, tp))
         wire = wire * np.exp(XFER_JITTER * rng.standard_normal((jobs, iters, 2, pp - 1, m, tp)))
         alpha = self.piece_alpha[:, None, :]
-        healthy = self.iteration_s(dev.max(axis=3), (alpha + wire).max(-1))
         for j, listed in enumerate(faults):
             for fault in [listed] if isinstance(listed, tuple) else listed or []:
                 kind, onset, where, rank, sev, *end = fault
@@ -219,5 +217,4 @@ class JobModel:
             self.pool[0][idx],
             np.maximum(piece + noise(piece.shape), 1e-7),
             np.maximum(observed + noise(observed.shape), 1e-7),
-            healthy,
         )

@@ -41,7 +41,6 @@ _LAYER_RULES: dict[str, tuple[int, str] | None] = {
     "mlp.w_up": (0, "ffn"),
     "mlp.w_down": (1, "ffn"),
 }
-GLOBAL_NAMES = ("embed.weight", "norm.weight", "lm_head.weight")
 
 
 def layer_param_names(spec: ModelSpec, k: int) -> list[str]:

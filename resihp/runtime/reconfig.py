@@ -143,15 +143,10 @@ def replan_after_stop(
         decision = POLICIES[policy]().adapt(
             job, current, cluster, [FailureReport("fail-stop", tuple(sorted(dead)))]
         )
-        new = decision.plan
-        if (
-            new is not None
-            and set(new.devices()) <= members
-            and new.global_microbatches == current.global_microbatches
-        ):
-            standby = tuple(sorted(members - set(new.devices())))
-            return new.with_changes(generation=generation, standby=standby), decision.reason
-        reason = f"{policy} gave no usable plan ({decision.reason}); "
+        why = _unusable(decision.plan, current, members)
+        if why is None:
+            return _adopt(decision.plan, members, generation), decision.reason
+        reason = f"{policy} gave no usable plan ({decision.reason}{why}); "
     else:
         reason = ""
     return shrink_plan(current, dead, generation, absorb), reason + "shrink: survivors keep their stages"
@@ -185,11 +180,9 @@ def replan_after_slow(
     if policy is not None:
         job, cluster = _policy_inputs(initial, current, members, workload, speeds, links, hardware)
         decision = POLICIES[policy]().adapt(job, current, cluster, list(reports))
-        new = decision.plan
-        if new is None or not set(new.devices()) <= members:
-            reason = f"{policy} gave no usable plan ({decision.reason}); "
-        elif new.global_microbatches != current.global_microbatches:
-            reason = f"{policy} gave no usable plan ({decision.reason}: another global batch); "
+        new, why = decision.plan, _unusable(decision.plan, current, members)
+        if why is not None:
+            reason = f"{policy} gave no usable plan ({decision.reason}{why}); "
         elif _same_work(new, current):
             reason = f"{decision.reason} keeps the current plan; "
         else:
@@ -199,8 +192,7 @@ def replan_after_slow(
             if other is not None and _same_work(new, other):
                 reason = f"{decision.reason}, its plan without these reports too; "
             else:
-                standby = tuple(sorted(members - set(new.devices())))
-                return new.with_changes(generation=generation, standby=standby), decision.reason
+                return _adopt(new, members, generation), decision.reason
     new = current
     for rep in reports:
         if rep.kind == "fail-slow":
@@ -233,6 +225,20 @@ def _before(speeds: dict, links: dict, reports: list[FailureReport]) -> tuple[di
         if what in known:
             known[what] = min(1.0, known[what] / max(rep.severity, 1e-9))
     return speeds, links
+
+
+def _unusable(new: Plan | None, current: Plan, members: set[int]) -> str | None:
+    """Why the runtime cannot take a policy's plan `new` ("" or ": detail"); None: it can."""
+    if new is None or not set(new.devices()) <= members:
+        return ""
+    if new.global_microbatches != current.global_microbatches:
+        return ": another global batch"
+    return None
+
+
+def _adopt(new: Plan, members: set[int], generation: int) -> Plan:
+    """The policy's plan as generation `generation`, every other live member on standby."""
+    return new.with_changes(generation=generation, standby=tuple(sorted(members - set(new.devices()))))
 
 
 def _same_work(a: Plan, b: Plan) -> bool:

@@ -96,3 +96,16 @@ def train_reference(
     finally:
         torch.use_deterministic_algorithms(was_deterministic)
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def reference_for(plan, config, iterations: int | None = None) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """`train_reference` of a runtime job: `plan`'s model and global batch, a `TrainConfig`'s
+    workload, seed, optimizer and iteration count (or `iterations`) — the oracle of the parity tests."""
+    return train_reference(
+        plan.model,
+        config.workload(),
+        plan.global_microbatches,
+        config.iterations if iterations is None else iterations,
+        seed=config.seed,
+        optim=config.optim(),
+    )

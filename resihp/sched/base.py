@@ -26,10 +26,6 @@ class Reconfig:
     pause_s: float = 0.0  # planning + group rebuild + state transfer (+ restart) before training resumes
     lost_work_s: float = 0.0  # training time thrown away (checkpoint-restart)
 
-    @property
-    def bytes_moved(self) -> int:
-        return sum(t[2] for t in self.transfers)
-
 
 @dataclass(frozen=True)
 class Decision:

@@ -16,7 +16,7 @@ from resihp.core.plan import Plan
 from resihp.runtime.config import TrainConfig
 from resihp.runtime.controller import launch_elastic
 from resihp.runtime.launch import JobSpec, alive
-from resihp.runtime.reference import train_reference
+from resihp.runtime.reference import reference_for
 from resihp.runtime.train import iteration_row
 
 pytestmark = pytest.mark.slow
@@ -52,9 +52,7 @@ def test_member_death_node_death_and_a_rejoin_on_a_new_agent():
             os.kill(killed[0], signal.SIGKILL)
 
     res = launch_elastic(plan, job, faults=faults, on_commit=on_commit, devices_per_node=2)
-    ref, _ = train_reference(
-        SPEC, config.workload(), plan.global_microbatches, 6, seed=config.seed, optim=config.optim()
-    )
+    ref, _ = reference_for(plan, config, iterations=6)
     assert [r["iter"] for r in rows] == list(range(6))
     assert [r["loss"] for r in rows] == pytest.approx(ref, rel=1e-4)
     stops = [(e["iter"], e["devices"], e["cause"]) for e in res["events"] if e["kind"] == "fail-stop"]

@@ -10,7 +10,7 @@ from resihp.core.plan import Plan, Stage
 from resihp.runtime.checkpoint import iter_dir, load_meta, resolve
 from resihp.runtime.config import TrainConfig
 from resihp.runtime.launch import alive
-from resihp.runtime.reference import train_reference
+from resihp.runtime.reference import reference_for
 from resihp.runtime.train import run_training
 
 SPEC = ModelSpec("t", 4, 32, 8, 2, 48, 256)
@@ -40,9 +40,7 @@ def test_resume_continues_the_loss_trajectory_on_the_same_and_another_plan(tmp_p
     config = TrainConfig(seq_len=32, microbatches=2, iterations=6, checkpoint_every=3, checkpoint_dir=ckpt)
     full = run_training(config, plan, progress=False)
     losses = [r["loss"] for r in full["iterations"]]
-    ref, _ = train_reference(
-        SPEC, config.workload(), plan.global_microbatches, 6, seed=config.seed, optim=config.optim()
-    )
+    ref, _ = reference_for(plan, config)
     assert losses == pytest.approx(ref, rel=1e-5)
     assert [(e["iter"], e["kind"]) for e in full["events"]] == [(3, "checkpoint"), (6, "checkpoint")]
     assert resolve(ckpt) == iter_dir(ckpt, 6)

@@ -17,7 +17,7 @@ from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan, Stage
 from resihp.runtime.config import TrainConfig
 from resihp.runtime.launch import WorkerFailed, alive
-from resihp.runtime.reference import train_reference
+from resihp.runtime.reference import reference_for
 from resihp.runtime.train import run_training
 
 pytestmark = pytest.mark.slow
@@ -30,14 +30,7 @@ ITERS = 3
 def _check_parity(plan: Plan, config: TrainConfig) -> dict:
     """Run `plan`, compare every replica's parameters and the loss curve with the reference."""
     res = run_training(config, plan, progress=False, return_state=True)
-    ref_losses, ref_state = train_reference(
-        plan.model,
-        config.workload(),
-        plan.global_microbatches,
-        config.iterations,
-        seed=config.seed,
-        optim=config.optim(),
-    )
+    ref_losses, ref_state = reference_for(plan, config)
     losses = [row["loss"] for row in res["iterations"]]
     assert losses == pytest.approx(ref_losses, abs=1e-5)
     assert set(res["state"]) == set(range(plan.dp))

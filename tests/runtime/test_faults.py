@@ -11,7 +11,7 @@ from resihp.core.plan import Plan
 from resihp.runtime.config import TrainConfig
 from resihp.runtime.faults import FaultEnd, TimedFaults, faults_at, join_stop, load_faults, validate_faults
 from resihp.runtime.launch import alive
-from resihp.runtime.reference import train_reference
+from resihp.runtime.reference import reference_for
 from resihp.runtime.train import run_training
 
 
@@ -179,10 +179,7 @@ def test_time_keyed_slow_with_a_duration_and_a_time_keyed_stop(tmp_path):
     config = TrainConfig(seq_len=32, microbatches=2, iterations=8, faults=str(faults), link_mb_per_s=0.1)
     plan = Plan.uniform(SPEC, 1, 2, 2, 2)
     res = run_training(config, plan, progress=False)
-    ref_losses, _ = train_reference(
-        SPEC, config.workload(), plan.global_microbatches, config.iterations, seed=config.seed,
-        optim=config.optim(),
-    )  # fmt: skip
+    ref_losses, _ = reference_for(plan, config)
     assert [row["iter"] for row in res["iterations"]] == list(range(8))
     assert [row["loss"] for row in res["iterations"]] == pytest.approx(ref_losses, rel=1e-4)
     by_kind = {e["kind"]: e for e in res["events"]}

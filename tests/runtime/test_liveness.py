@@ -20,22 +20,10 @@ from resihp.runtime.config import TrainConfig
 from resihp.runtime.faults import join_stop
 from resihp.runtime.launch import JobSpec, WorkerFailed, alive
 from resihp.runtime.liveness import Inbox, JoinBarrier, Liveness, source_generation
-from resihp.runtime.reference import train_reference
+from resihp.runtime.reference import reference_for
 from resihp.runtime.train import run_training
 
 SPEC = ModelSpec("t", 4, 32, 8, 2, 48, 256)
-
-
-def _reference(plan: Plan, config: TrainConfig) -> list[float]:
-    losses, _ = train_reference(
-        plan.model,
-        config.workload(),
-        plan.global_microbatches,
-        config.iterations,
-        seed=config.seed,
-        optim=config.optim(),
-    )
-    return losses
 
 
 def _run(tmp_path, faults: str, iterations: int = 4) -> tuple[dict, TrainConfig, Plan, float]:
@@ -201,7 +189,9 @@ def test_hung_member_is_killed_then_a_member_hangs_while_joining(tmp_path):
     )
     assert [row["iter"] for row in res["iterations"]] == [0, 1, 2, 3]
     assert [row["generation"] for row in res["iterations"]] == [0, 2, 2, 2]
-    assert [row["loss"] for row in res["iterations"]] == pytest.approx(_reference(plan, config), rel=1e-4)
+    assert [row["loss"] for row in res["iterations"]] == pytest.approx(
+        reference_for(plan, config)[0], rel=1e-4
+    )
     stops = [(e["iter"], e["devices"], e["cause"]) for e in res["events"] if e["kind"] == "fail-stop"]
     assert stops == [(1, [1], "heartbeat"), (1, [0], "heartbeat")]
     last = [e for e in res["events"] if e["kind"] == "fail-stop"][-1]["recovery"]
@@ -225,7 +215,9 @@ def test_death_while_joining_the_next_generation_recovers(tmp_path):
     )
     assert [row["iter"] for row in res["iterations"]] == [0, 1, 2, 3]
     assert [row["generation"] for row in res["iterations"]] == [0, 0, 2, 2]
-    assert [row["loss"] for row in res["iterations"]] == pytest.approx(_reference(plan, config), rel=1e-4)
+    assert [row["loss"] for row in res["iterations"]] == pytest.approx(
+        reference_for(plan, config)[0], rel=1e-4
+    )
     stops = [(e["iter"], e["devices"], e["cause"]) for e in res["events"] if e["kind"] == "fail-stop"]
     assert stops == [(2, [1], "exit"), (2, [0], "exit")]
     replans = [(e["iter"], e["generation"]) for e in res["events"] if e["kind"] == "replan"]

@@ -12,23 +12,12 @@ from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan, Stage
 from resihp.runtime.config import TrainConfig
 from resihp.runtime.launch import alive
-from resihp.runtime.reference import train_reference
+from resihp.runtime.reference import reference_for
 from resihp.runtime.train import run_training
 
 pytestmark = pytest.mark.slow
 
 SPEC = ModelSpec("t", 4, 32, 8, 2, 48, 256)
-
-
-def _reference(plan: Plan, config: TrainConfig):
-    return train_reference(
-        plan.model,
-        config.workload(),
-        plan.global_microbatches,
-        config.iterations,
-        seed=config.seed,
-        optim=config.optim(),
-    )
 
 
 def test_planned_replans_change_tp_layers_migration_and_standby(check_state):
@@ -44,7 +33,7 @@ def test_planned_replans_change_tp_layers_migration_and_standby(check_state):
     gen2 = Plan(SPEC, (r0, r1), (2, 2), "gpipe", standby=(0,))
     config = TrainConfig(seq_len=32, iterations=6, p2p="chunked")
     res = run_training(config, gen0, progress=False, return_state=True, replans=[(2, gen1), (4, gen2)])
-    ref_losses, ref_state = _reference(gen0, config)
+    ref_losses, ref_state = reference_for(gen0, config)
     losses = [row["loss"] for row in res["iterations"]]
     assert losses == pytest.approx(ref_losses, rel=1e-5)
     assert [row["iter"] for row in res["iterations"]] == list(range(6))
@@ -70,7 +59,7 @@ def test_fail_stop_of_a_tp_member_recovers_without_restart(tmp_path, check_state
     config = TrainConfig(seq_len=32, microbatches=2, iterations=4, faults=str(faults))
     plan = Plan.uniform(SPEC, 2, 2, 2, 2)
     res = run_training(config, plan, progress=False, return_state=True)
-    ref_losses, ref_state = _reference(plan, config)
+    ref_losses, ref_state = reference_for(plan, config)
     assert [row["iter"] for row in res["iterations"]] == [0, 1, 2, 3]
     assert [row["generation"] for row in res["iterations"]] == [0, 0, 1, 1]
     assert [row["loss"] for row in res["iterations"]] == pytest.approx(ref_losses, rel=1e-4)
@@ -101,7 +90,7 @@ def test_loss_of_a_whole_stage_is_served_by_the_other_replica(tmp_path, check_st
     config = TrainConfig(seq_len=32, microbatches=2, iterations=3, faults=str(faults))
     plan = Plan.uniform(SPEC, 2, 2, 2, 2)
     res = run_training(config, plan, progress=False, return_state=True)
-    ref_losses, ref_state = _reference(plan, config)
+    ref_losses, ref_state = reference_for(plan, config)
     assert [row["iter"] for row in res["iterations"]] == [0, 1, 2]
     assert [row["loss"] for row in res["iterations"]] == pytest.approx(ref_losses, rel=1e-4)
     assert all(row["samples"] == 4 for row in res["iterations"])
@@ -127,7 +116,7 @@ def test_stopped_device_rejoins_and_the_plan_grows_back(tmp_path, check_state):
     config = TrainConfig(seq_len=32, microbatches=2, iterations=5, faults=str(faults))
     plan = Plan.uniform(SPEC, 2, 2, 2, 2)
     res = run_training(config, plan, progress=False, return_state=True)
-    ref_losses, ref_state = _reference(plan, config)
+    ref_losses, ref_state = reference_for(plan, config)
     assert [row["iter"] for row in res["iterations"]] == list(range(5))
     assert [row["generation"] for row in res["iterations"]] == [0, 1, 1, 2, 2]
     assert [row["loss"] for row in res["iterations"]] == pytest.approx(ref_losses, rel=1e-4)
@@ -153,7 +142,7 @@ def test_two_stops_in_sequence_one_before_any_step_under_zbh1(tmp_path, check_st
     config = TrainConfig(seq_len=32, microbatches=2, iterations=4, faults=str(faults))
     plan = Plan.uniform(SPEC, 2, 2, 2, 2, "zbh1")
     res = run_training(config, plan, progress=False, return_state=True, policy=None)
-    ref_losses, ref_state = _reference(plan, config)
+    ref_losses, ref_state = reference_for(plan, config)
     assert [row["iter"] for row in res["iterations"]] == list(range(4))
     assert [row["generation"] for row in res["iterations"]] == [1, 1, 2, 2]
     assert [row["loss"] for row in res["iterations"]] == pytest.approx(ref_losses, rel=1e-4)
@@ -175,7 +164,7 @@ def test_stop_during_the_dp_gradient_reduction(tmp_path, check_state):
     config = TrainConfig(seq_len=32, microbatches=2, iterations=4, faults=str(faults))
     plan = Plan.uniform(SPEC, 1, 2, 2, 2)
     res = run_training(config, plan, progress=False, return_state=True)
-    ref_losses, ref_state = _reference(plan, config)
+    ref_losses, ref_state = reference_for(plan, config)
     assert [row["iter"] for row in res["iterations"]] == [0, 1, 2, 3]
     assert [row["generation"] for row in res["iterations"]] == [0, 0, 1, 1]
     assert [row["loss"] for row in res["iterations"]] == pytest.approx(ref_losses, rel=1e-4)

@@ -12,18 +12,11 @@ from resihp.core.plan import Plan
 from resihp.core.report import FailureReport
 from resihp.runtime.config import TrainConfig
 from resihp.runtime.launch import alive
-from resihp.runtime.reference import train_reference
+from resihp.runtime.reference import reference_for
 from resihp.runtime.slowwatch import SlowWatch, slow_event
 from resihp.runtime.train import run_training
 
 SPEC = ModelSpec("t", 4, 32, 8, 2, 48, 256)
-
-
-def _reference(plan: Plan, config: TrainConfig) -> tuple[list[float], dict]:
-    return train_reference(
-        SPEC, config.workload(), plan.global_microbatches, config.iterations, seed=config.seed,
-        optim=config.optim(),
-    )  # fmt: skip
 
 
 def _work(plan: dict, device: int) -> float:
@@ -53,7 +46,7 @@ def test_slow_device_is_detected_and_its_tp_stage_rebalanced(tmp_path, check_sta
     config = TrainConfig(seq_len=32, microbatches=2, iterations=6, faults=str(faults))
     plan = Plan.uniform(SPEC, 2, 1, 2, 2)
     res = run_training(config, plan, progress=False, detect_slow=True, return_state=True)
-    ref_losses, ref_state = _reference(plan, config)
+    ref_losses, ref_state = reference_for(plan, config)
     assert [row["loss"] for row in res["iterations"]] == pytest.approx(ref_losses, rel=1e-4)
     check_state(res, ref_state, config.lr)
     slow = [e for e in res["events"] if e["kind"] == "fail-slow"]
@@ -75,7 +68,7 @@ def test_slow_device_in_a_tp1_stage_gets_the_schedulers_plan(tmp_path, check_sta
     config = TrainConfig(seq_len=32, microbatches=2, iterations=9, faults=str(faults))
     plan = Plan.uniform(SPEC, 1, 2, 2, 2)
     res = run_training(config, plan, progress=False, detect_slow=True, return_state=True)
-    ref_losses, ref_state = _reference(plan, config)
+    ref_losses, ref_state = reference_for(plan, config)
     assert [row["loss"] for row in res["iterations"]] == pytest.approx(ref_losses, rel=1e-4)
     check_state(res, ref_state, config.lr)
     slow = [e for e in res["events"] if e["kind"] == "fail-slow"]
@@ -101,7 +94,7 @@ def test_slow_link_is_detected_and_taken_off_the_pipeline(tmp_path, check_state)
     config = TrainConfig(seq_len=32, microbatches=2, iterations=9, faults=str(faults), link_mb_per_s=0.25)
     plan = Plan.uniform(SPEC, 1, 2, 2, 2)
     res = run_training(config, plan, progress=False, detect_slow=True, return_state=True)
-    ref_losses, ref_state = _reference(plan, config)
+    ref_losses, ref_state = reference_for(plan, config)
     assert [row["loss"] for row in res["iterations"]] == pytest.approx(ref_losses, rel=1e-4)
     check_state(res, ref_state, config.lr)
     links = [e for e in res["events"] if e["kind"] == "link-slow"]

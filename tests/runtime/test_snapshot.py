@@ -9,7 +9,7 @@ from resihp.core.plan import Plan
 from resihp.runtime.config import TrainConfig
 from resihp.runtime.launch import alive
 from resihp.runtime.reconfig import shrink_plan
-from resihp.runtime.reference import train_reference
+from resihp.runtime.reference import reference_for
 from resihp.runtime.snapshot import holders
 from resihp.runtime.train import run_training
 from resihp.runtime.transfer import source_stages
@@ -58,9 +58,7 @@ def test_dp1_loses_its_last_stage_and_continues_from_snapshots(tmp_path):
     config = TrainConfig(seq_len=32, microbatches=4, iterations=4, faults=str(faults), snapshots=True)
     plan = Plan.uniform(SPEC, 2, 2, 1, 4)
     res = run_training(config, plan, progress=False)
-    ref_losses, _ = train_reference(
-        SPEC, config.workload(), plan.global_microbatches, 4, seed=config.seed, optim=config.optim()
-    )
+    ref_losses, _ = reference_for(plan, config)
     assert [row["iter"] for row in res["iterations"]] == [0, 1, 2, 3]
     assert [row["loss"] for row in res["iterations"]] == pytest.approx(ref_losses, rel=1e-4)
     restore = [(e["iter"], e["devices"], e["lost"]) for e in res["events"] if e["kind"] == "snapshot-restore"]
@@ -82,9 +80,7 @@ def test_losing_every_replica_of_a_stage_restores_it_from_snapshots(tmp_path):
     config = TrainConfig(seq_len=32, microbatches=2, iterations=4, faults=str(faults), snapshots=True)
     plan = Plan.uniform(SPEC, 2, 2, 2, 2)
     res = run_training(config, plan, progress=False, return_state=True)
-    ref_losses, ref_state = train_reference(
-        SPEC, config.workload(), plan.global_microbatches, 4, seed=config.seed, optim=config.optim()
-    )
+    ref_losses, ref_state = reference_for(plan, config)
     assert [row["iter"] for row in res["iterations"]] == [0, 1, 2, 3]
     assert [row["loss"] for row in res["iterations"]] == pytest.approx(ref_losses, rel=1e-4)
     stops = sorted(d for e in res["events"] if e["kind"] == "fail-stop" for d in e["devices"])
