@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
+from resihp.core.files import write_atomic
+
 POLICY_NAMES = (
     "none", "checkpoint-restart", "recycle", "oobleck", "greyhound", "adaptra",
     "recycle+greyhound", "oobleck+greyhound", "resihp-paper", "resihp",
@@ -33,8 +35,7 @@ def write_json(data: dict, path: str) -> None:
     if path == "-":
         sys.stdout.write(text)
         return
-    with open(path, "w") as fh:
-        fh.write(text)
+    write_atomic(path, text)
 
 
 def table(rows: list[list], header: list[str]) -> str:

@@ -7,6 +7,7 @@ every built policy, printed as a table.
 
 from __future__ import annotations
 
+from resihp.core.files import check_outputs
 from resihp.core.scenario import loads_scenario
 
 from .common import POLICY_NAMES, built_policies, write_json
@@ -51,6 +52,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    check_outputs({"--json": args.json_out}, stdout=("--json",))
     scenario = loads_scenario(DEMO_SCENARIO)
     built = built_policies()
     policies = [p for p in POLICY_NAMES if p in built]

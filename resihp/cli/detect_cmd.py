@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import sys
 
+from resihp.core.files import check_input, check_outputs
+
 from .common import table, write_json
 
 BENCH_DEFAULTS = {"jobs": 400, "seed": 8}  # seed 8: the reported run (docs/detector.md)
@@ -50,6 +52,7 @@ def _progress(msg: str) -> None:
 
 
 def run(args) -> int:
+    check_outputs({"--json": args.json_out}, stdout=("--json",))
     if args.action == "bench":
         if args.scenario or args.trace:
             raise ValueError("detect bench: takes no --scenario or --trace")
@@ -58,32 +61,36 @@ def run(args) -> int:
         raise ValueError("detect: give --scenario FILE, --trace FILE.jsonl, or the 'bench' action")
     if args.warmup < 2:
         raise ValueError(f"--warmup {args.warmup}: must be >= 2")
+    watch = _parse_watch(args.watch)
+    if args.trace:
+        check_input(args.trace, "--trace")
     from resihp.core.scenario import load_scenario
 
-    scenario = load_scenario(args.scenario) if args.scenario else None
+    scenario = load_scenario(args.scenario, "--scenario") if args.scenario else None
     seed = 0 if args.seed is None else args.seed
     if args.trace:
-        out = _replay_trace(args, scenario)
+        out = _replay_trace(args, scenario, watch)
     else:
         from resihp.detect.from_scenario import run_scenario
 
-        out = run_scenario(
-            scenario, seed=seed, warmup=args.warmup, warn=_warn, watch=_parse_watch(args.watch)
-        )
+        out = run_scenario(scenario, seed=seed, warmup=args.warmup, warn=_warn, watch=watch)
     _print_detections(out)
     if args.json_out:
         write_json(out, args.json_out)
     return 0
 
 
-def _replay_trace(args, scenario) -> dict:
+def _replay_trace(args, scenario, watch) -> dict:
     import numpy as np
 
     from resihp.detect.replay import replay, samples_from_trace
     from resihp.detect.trace_io import read_trace
 
     schedule = args.schedule or (scenario.job.schedule if scenario else "1f1b")
-    records = read_trace(args.trace, warn=_warn)
+    try:
+        records = read_trace(args.trace, warn=_warn)
+    except UnicodeDecodeError:
+        raise ValueError(f"--trace {args.trace}: not UTF-8 text; a trace is UTF-8 JSON lines") from None
     samples, plans = samples_from_trace(records, schedule)
     if scenario is not None:
         wl = scenario.job.workload
@@ -97,7 +104,7 @@ def _replay_trace(args, scenario) -> dict:
         def batch(t, count):
             return np.ones(count), np.zeros(count)
 
-    out = replay(samples, plans, batch, warmup=args.warmup, watch=_parse_watch(args.watch))
+    out = replay(samples, plans, batch, warmup=args.warmup, watch=watch)
     return {"trace": args.trace, "iterations": len(samples), "generations": sorted(plans), **out}
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import demo_cmd, plan_cmd, simulate_cmd
+from . import demo_cmd, plan_cmd, report_cmd, simulate_cmd
 from .common import POLICY_NAMES, built_policies
 
 
@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo_cmd.add_parser(sub)
     plan_cmd.add_parser(sub)
     simulate_cmd.add_parser(sub)
+    report_cmd.add_parser(sub)
     sub.add_parser("policies", help="list policy names and which are built").set_defaults(run=_policies)
     for optional in ("resihp.cli.detect_cmd", "resihp.cli.train_cmd"):
         try:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+
+from resihp.core.files import check_outputs
 from resihp.core.scenario import load_scenario
 from resihp.sim.job import fault_free_samples_per_s, plan_at
 from resihp.sim.pipeline import write_trace
@@ -34,6 +37,9 @@ def plan_state(scenario, policy: str | None, at_s: float | None):
 
 
 def run(args) -> int:
+    check_outputs({"--json": args.json_out, "--trace": args.trace}, stdout=("--json",))
+    if args.at_s is not None and not 0 <= args.at_s < math.inf:
+        raise ValueError(f"--at-s {args.at_s}: must be a finite number of seconds >= 0")
     scenario = load_scenario(args.scenario)
     job = scenario.job
     plan, cluster = plan_state(scenario, args.policy, args.at_s)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from resihp.core.files import check_outputs
 from resihp.core.scenario import load_scenario
 
 from .common import check_policy, table, write_json
@@ -43,6 +44,7 @@ def simulate_policies(scenario, policies: list[str], seed: int) -> dict:
 
 
 def run(args) -> int:
+    check_outputs({"--json": args.json_out, "--plot": args.plot}, stdout=("--json",))
     scenario = load_scenario(args.scenario)
     result = simulate_policies(scenario, args.policy or ["none"], args.seed)
     print_results(result)

@@ -28,10 +28,21 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from dataclasses import replace
 
-    from resihp.runtime.config import TrainConfig
-    from resihp.runtime.train import run_training
+    from resihp.core.files import check_dir, check_input, check_outputs, read_toml, write_atomic
+    from resihp.runtime.dirlock import check_free
 
-    config = TrainConfig.from_toml(args.config) if args.config else TrainConfig()
+    # Every input is checked before the runtime loads and before any process starts: the flags
+    # first, under the names the user typed, then the config and the whole run (`check_run`).
+    check_outputs({"--json": args.json_out, "--trace": args.trace})
+    if args.faults:
+        check_input(args.faults, "--faults")
+    if args.checkpoint_dir:
+        check_dir(args.checkpoint_dir, "--checkpoint-dir")
+        check_free(args.checkpoint_dir, "--checkpoint-dir")
+    raw = read_toml(args.config, "--config") if args.config else {}
+    from resihp.runtime.config import TrainConfig, check_run
+
+    config = TrainConfig.from_dict(raw)
     if args.iterations is not None:
         config = replace(config, iterations=args.iterations)
     if args.trace:
@@ -43,6 +54,10 @@ def run(args) -> int:
     if args.checkpoint_every is not None:
         config = replace(config, checkpoint_every=args.checkpoint_every)
     plan = config.plan()
+    if args.resume is None:  # with --resume, run_training checks against the checkpoint's iteration
+        check_run(config, plan)
+    from resihp.runtime.train import run_training  # torch loads here
+
     stages = "; ".join(
         f"r{d}s{i}: dev {list(st.devices)} layers {st.layers[0]}-{st.layers[1] - 1}"
         for d, r in enumerate(plan.replicas) for i, st in enumerate(r)
@@ -61,7 +76,6 @@ def run(args) -> int:
           f"{s['tokens_per_s']:.0f} tokens/s; wall {s['wall_s']:.1f} s")  # fmt: skip
     if args.json_out:
         out = {k: v for k, v in result.items() if k not in ("state", "worker_pids")}
-        with open(args.json_out, "w") as fh:
-            json.dump(out, fh)
+        write_atomic(args.json_out, json.dumps(out))
         print(f"results written to {args.json_out}")
     return 0

@@ -1,17 +1,21 @@
 """The scenario TOML of architecture §5.1: a job (model, cluster, parallel layout, workload), how
 long it runs, and its faults (an explicit list or a named generator).
 
-Every key is checked: an unknown key, a wrong type, an impossible value or a device that does not
-exist raises ValueError naming the key, the value and what is allowed.
+Every key is checked here, once, for every command that reads a scenario (`plan`, `simulate`,
+`detect`): an unknown key, a wrong type, an impossible value, a device that does not exist, a fault
+list that `core.faults.check_faults` rejects, or a generator table that `generator_args` rejects
+raises ValueError naming the key, the value and what is allowed.
 """
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field
 
 from .cluster import Cluster
-from .faults import FaultSpec
+from .faults import FaultSpec, check_faults, faults_from_tables
+from .files import read_toml
 from .model_spec import ModelSpec, model_preset
 from .plan import SCHEDULES, Plan
 from .workload import Workload
@@ -26,6 +30,25 @@ _SECTIONS = {
     "faults": None,
 }
 GPU_PRESETS = ("a100-40g", "a100-80g", "h100", "h800", "h200", "cpu")
+
+# Fault generators (`faults = { generator = NAME, ... }`, built in `resihp.sim.faultgen`): each
+# argument's default (None: required) and its rule ("> 0", ">= 0", "(0, 1)" or the allowed words).
+LEVELS = {"W": 0.35, "M": 0.55, "S": 0.70}  # fail-slow level -> unmitigated throughput drop
+GENERATOR_ARGS = {
+    "stop-every": {"interval_s": (None, "> 0"), "start_s": (300.0, ">= 0"), "rejoin_after_s": (0.0, ">= 0"),
+                   "max_fraction": (0.5, "(0, 1)")},
+    "fail-slow": {"level": ("M", tuple(LEVELS)), "kind": ("both", ("compute", "link", "both")),
+                  "start_s": (60.0, ">= 0")},
+    "mixed": {"interval_s": (None, "> 0"), "level": ("M", tuple(LEVELS)), "start_s": (300.0, ">= 0"),
+              "rejoin_after_s": (0.0, ">= 0")},
+    "llama3-rates": {"stop_rate_per_gpu_h": (2.0e-5, ">= 0"), "slow_rate_per_node_h": (5.8e-4, ">= 0"),
+                     "repair_median_s": (7200.0, "> 0")},
+}  # fmt: skip
+_RULES = {
+    "> 0": lambda v: 0 < v < math.inf,
+    ">= 0": lambda v: 0 <= v < math.inf,
+    "(0, 1)": lambda v: 0 < v < 1,
+}
 
 
 @dataclass(frozen=True)
@@ -145,46 +168,68 @@ def parse_scenario(raw: dict) -> Scenario:
     iterations = r.get("iterations")
     if duration is not None and iterations is not None:
         raise ValueError("run: give duration_s or iterations, not both")
-    if duration is not None and (not isinstance(duration, int | float) or duration <= 0):
-        raise ValueError(f"run.duration_s = {duration!r}: must be a number > 0")
+    if duration is not None and (
+        isinstance(duration, bool) or not isinstance(duration, int | float) or not 0 < duration < math.inf
+    ):
+        raise ValueError(f"run.duration_s = {duration!r}: must be a finite number > 0")
     if iterations is not None and (not isinstance(iterations, int) or iterations < 1):
         raise ValueError(f"run.iterations = {iterations!r}: must be an integer >= 1")
     if duration is None and iterations is None:
         duration = 3600.0
-    faults, generator = parse_faults(raw.get("faults", []), cluster)
+    faults, generator = parse_faults(raw.get("faults", []), cluster, iterations, duration)
     return Scenario(
         str(raw.get("name", "scenario")), job, duration, iterations, faults, generator
     )  # fmt: skip
 
 
-def parse_faults(raw, cluster: Cluster) -> tuple[tuple[FaultSpec, ...], dict]:
+def generator_args(gen: dict) -> tuple[str, dict]:
+    """(name, every argument with defaults filled in) of a `faults = { generator = ... }` table."""
+    name = gen.get("generator")
+    if not isinstance(name, str) or name not in GENERATOR_ARGS:
+        raise ValueError(f"faults.generator = {name!r}: unknown; allowed: {', '.join(GENERATOR_ARGS)}")
+    spec = GENERATOR_ARGS[name]
+    out = {}
+    for key, value in gen.items():
+        if key == "generator":
+            continue
+        if key not in spec:
+            raise ValueError(f"faults.{key}: unknown key for {name}; allowed: {', '.join(spec)}")
+        rule = spec[key][1]
+        if isinstance(rule, tuple):
+            if value not in rule:
+                raise ValueError(f"faults.{key} = {value!r}: allowed: {', '.join(rule)}")
+        elif isinstance(value, bool) or not isinstance(value, int | float) or not _RULES[rule](value):
+            raise ValueError(
+                f"faults.{key} = {value!r}: must be a number {'in ' if '(' in rule else ''}{rule}"
+            )
+        out[key] = value
+    for key, (default, _) in spec.items():
+        if key not in out:
+            if default is None:
+                raise ValueError(f"faults.{key}: missing; generator {name} needs it")
+            out[key] = default
+    return name, out
+
+
+def parse_faults(
+    raw, cluster: Cluster, iterations: int | None = None, duration_s: float | None = None
+) -> tuple[tuple[FaultSpec, ...], dict]:
+    """(checked faults in list order, {}) or ((), the generator table) of a scenario's `faults`."""
     if isinstance(raw, dict):
-        if "generator" not in raw or not isinstance(raw["generator"], str):
+        if "generator" not in raw:
             raise ValueError("faults: a table must name a generator (faults = { generator = ... })")
+        generator_args(raw)
         return (), dict(raw)
     if not isinstance(raw, list):
         raise ValueError("faults: must be a list of [[faults]] tables or { generator = ... }")
-    faults = []
-    for k, entry in enumerate(raw):
-        if not isinstance(entry, dict):
-            raise ValueError(f"faults[{k}]: must be a table")
-        fault = FaultSpec.from_dict(entry)
-        for key, dev in (("device", fault.device), ("src", fault.src), ("dst", fault.dst)):
-            if dev is not None:
-                cluster.check_device(dev, f"faults[{k}].{key}")
-        faults.append(fault)
-    return tuple(faults), {}
+    faults = faults_from_tables(raw)
+    check_faults(faults, range(cluster.num_devices), iterations=iterations, duration_s=duration_s)
+    return faults, {}
 
 
-def load_scenario(path: str) -> Scenario:
-    try:
-        with open(path, "rb") as fh:
-            raw = tomllib.load(fh)
-    except FileNotFoundError:
-        raise ValueError(f"scenario file {path!r}: not found") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"scenario file {path!r}: not valid TOML ({exc})") from None
-    return parse_scenario(raw)
+def load_scenario(path: str, what: str = "scenario") -> Scenario:
+    """The scenario in file `path` (`what`: how the user named it, for messages)."""
+    return parse_scenario(read_toml(path, what))
 
 
 def loads_scenario(text: str) -> Scenario:

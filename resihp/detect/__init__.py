@@ -1,4 +1,7 @@
-"""Detector: heartbeat liveness, change-point detection with the workload filter, localization.
+"""Detector: change-point detection with the workload filter, localization (fail-slow).
+
+Fail-stop liveness — heartbeats, hung and dead members — is the runtime's, in one place:
+`resihp.runtime.liveness` (torch-free); the simulator models its latency (`sim.detection`).
 
 Torch-free. The micro-batch time predictor lives in `resihp.cost.calibration`; the iteration-time
 predictor (`ITP`) is the pipeline simulator (`resihp.sim.pipeline`) on fitted MTP rows. `replay`
@@ -15,7 +18,6 @@ from .changepoint import (
     GreyhoundDetector,
     ResiHPDetector,
 )
-from .heartbeat import C10dStore, Coordinator, DictStore, HeartbeatConfig, NodeMonitor, WorkerHeartbeat
 from .itp import ITP, BatchDag
 from .localize import LocalizeConfig, Localizer
 from .report import REPORT_KINDS, FailureReport
@@ -26,21 +28,15 @@ __all__ = [
     "REPORT_KINDS",
     "Alarm",
     "BatchDag",
-    "C10dStore",
     "ChangePointStage",
-    "Coordinator",
     "Detection",
     "DetectorConfig",
-    "DictStore",
     "FailureReport",
     "GreyhoundDetector",
-    "HeartbeatConfig",
     "ITP",
     "LocalizeConfig",
     "Localizer",
-    "NodeMonitor",
     "ResiHPDetector",
     "TraceRecord",
-    "WorkerHeartbeat",
     "read_trace",
 ]

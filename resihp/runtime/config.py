@@ -33,19 +33,25 @@ TOML layout (every key optional; defaults = the embedded default job):
     devices_per_node = 8         # optional: devices d // devices_per_node share a node agent (default: all)
 
 A bad key or value raises ValueError naming `section.key`, the value and what is allowed; a plan
-that does not fit the model or the requested workers fails the same way, before any process starts.
+that does not fit the model or the requested workers, a missing or unreadable file, an output
+that cannot be written, a checkpoint directory that is a file or that another live run holds, and
+a fault outside the run or without effect fail the same way (`check_run`), before any process
+starts.
 """
 
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import asdict, dataclass, fields
 
+from resihp.core.faults import FaultSpec, check_faults
+from resihp.core.files import check_dir, check_input, check_outputs, read_toml
 from resihp.core.model_spec import ModelSpec, model_preset
 from resihp.core.plan import SCHEDULES, Plan
 from resihp.core.workload import LENGTH_KINDS, Workload
 
+from .dirlock import check_free
+from .faults import load_faults
 from .liveness import HEARTBEAT_TIMEOUT_RANGE_S, HEARTBEAT_TIMEOUT_S
 from .reference import OptimConfig
 
@@ -174,13 +180,19 @@ class TrainConfig:
         return asdict(self)
 
     @classmethod
-    def from_toml(cls, path: str) -> TrainConfig:
-        with open(path, "rb") as f:
-            try:
-                data = tomllib.load(f)
-            except tomllib.TOMLDecodeError as e:
-                raise ValueError(f"{path}: not valid TOML: {e}") from None
-        return cls.from_dict(data)
+    def from_toml(cls, path: str, what: str = "--config") -> TrainConfig:
+        """The config in file `path` (`what`: how the user named it, for messages)."""
+        return cls.from_dict(read_toml(path, what))
+
+    def check_paths(self) -> None:
+        """ValueError unless `run.faults` is a readable file, `run.trace` a writable place and
+        `run.checkpoint_dir` a directory this run can fill and no live run holds (`dirlock`)."""
+        if self.faults is not None:
+            check_input(self.faults, "run.faults")
+        check_outputs({"run.trace": self.trace})
+        if self.checkpoint_dir is not None:
+            check_dir(self.checkpoint_dir, "run.checkpoint_dir")
+            check_free(self.checkpoint_dir, "run.checkpoint_dir")
 
     @classmethod
     def from_dict(cls, data: dict) -> TrainConfig:
@@ -196,6 +208,19 @@ class TrainConfig:
                     raise ValueError(f"unknown key {sec}.{key}; allowed: {', '.join(SECTIONS[sec])}")
                 kwargs[SECTIONS[sec][key]] = value
         return cls(**kwargs)
+
+
+def check_run(config: TrainConfig, plan: Plan, start: int = 0) -> tuple[FaultSpec, ...]:
+    """Every check of a run that needs no process and no torch, so that a bad input fails before
+    anything starts: the plan fits the workers, the paths (`check_paths`), and the faults file
+    (`core.faults.check_faults` on the plan's devices, iterations `[start, run.iterations)` and the
+    link model of `run.link_mb_per_s`). Returns the checked faults."""
+    check_fits(plan, config.workers)
+    config.check_paths()
+    faults = load_faults(config.faults) if config.faults else ()
+    return check_faults(
+        faults, plan.devices(), iterations=config.iterations, start=start, links=config.link_mb_per_s > 0
+    )
 
 
 def check_fits(plan: Plan, workers: int) -> None:

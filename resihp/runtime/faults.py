@@ -19,20 +19,20 @@ Time is resolved to iterations in one place, the controller (`TimedFaults`): a t
 at or after their time. From then on they are iteration-keyed faults (`FaultSpec` with `at_iter`)
 and end markers (`FaultEnd`), which is all that members see (`faults_at`, `join_stop`).
 
-`validate_faults` rejects, with one ValueError before any process starts: a device whose faults
-mix `at_iter` and `at_s`, a device outside the plan, two faults on one device (or link) at the same
-iteration (or time), a fault on a device already stopped (other than its `rejoin`), and a `rejoin`
-of a device that is not stopped.
+Which fault lists are accepted, and what overlapping or contradictory faults mean, is
+`resihp.core.faults.check_faults` — the same rules and messages as `resihp simulate`;
+`config.check_run` (run by `resihp train` before the runtime loads, and by `run_training`) applies
+it with the run's devices, iterations (and resume start) and link model before any process starts.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from resihp.core.faults import FaultSpec
+from resihp.core.faults import FaultSpec, fault_key, faults_from_tables
+from resihp.core.files import read_toml
 
 
 @dataclass(frozen=True)
@@ -43,85 +43,14 @@ class FaultEnd:
     at_iter: int
 
 
-def load_faults(path: str) -> tuple[FaultSpec, ...]:
-    """The `[[faults]]` tables of a TOML file; ValueError on anything else."""
-    with open(path, "rb") as f:
-        try:
-            data = tomllib.load(f)
-        except tomllib.TOMLDecodeError as e:
-            raise ValueError(f"{path}: not valid TOML: {e}") from None
+def load_faults(path: str, what: str = "run.faults") -> tuple[FaultSpec, ...]:
+    """The `[[faults]]` tables of the TOML file `path` (`what`: how the user named it); ValueError
+    on a missing or unreadable file, invalid TOML, or anything but `[[faults]]` tables."""
+    data = read_toml(path, what)
     extra = sorted(set(data) - {"faults"})
     if extra:
-        raise ValueError(f"{path}: unknown key {extra[0]!r}; a faults file holds [[faults]] tables")
-    raw = data.get("faults", [])
-    if not isinstance(raw, list) or not all(isinstance(x, dict) for x in raw):
-        raise ValueError(f"{path}: faults must be [[faults]] tables")
-    return tuple(FaultSpec.from_dict(x) for x in raw)
-
-
-def _key(f: FaultSpec) -> tuple:
-    """What two faults must not share at one time: a device, or a link (either direction)."""
-    return ("link", *sorted(f.devices)) if f.kind == "link" else ("device", f.device)
-
-
-def _when(f: FaultSpec) -> tuple[str, float]:
-    return ("at_iter", f.at_iter) if f.at_iter is not None else ("at_s", f.at_s)
-
-
-def validate_faults(faults: Iterable[FaultSpec], devices: Iterable[int]) -> tuple[FaultSpec, ...]:
-    """The faults, iteration-keyed ones first, each domain sorted by its key; ValueError on the first
-    impossible or contradictory one."""
-    devices = set(devices)
-    faults = tuple(faults)
-    keyed: dict[int, FaultSpec] = {}  # device -> its first fault: every other one must be keyed alike
-    for f in faults:
-        for dev in f.devices:
-            if dev not in devices:
-                raise ValueError(
-                    f"faults[{f.kind}] names device {dev}, which is not in the plan "
-                    f"(devices {sorted(devices)})"
-                )
-            first = keyed.setdefault(dev, f)
-            if _when(first)[0] != _when(f)[0]:
-                raise ValueError(
-                    f"faults[{f.kind}] {_when(f)[0]} = {_when(f)[1]} on device {dev}: its faults mix at_iter "
-                    f"and at_s (faults[{first.kind}] {_when(first)[0]} = {_when(first)[1]}); key all "
-                    "faults of a device one way"
-                )
-    by_iter = sorted((f for f in faults if f.at_iter is not None), key=lambda f: (f.at_iter, f.kind))
-    by_time = sorted((f for f in faults if f.at_s is not None), key=lambda f: (f.at_s, f.kind))
-    for domain in (by_iter, by_time):
-        _check_domain(domain)
-    return (*by_iter, *by_time)
-
-
-def _check_domain(faults: list[FaultSpec]) -> None:
-    """The rules of one domain (all at_iter or all at_s), `faults` sorted by it."""
-    stopped: dict[int, float] = {}
-    active: dict[tuple, FaultSpec] = {}
-    for f in faults:
-        name, at = _when(f)
-        for dev in f.devices:
-            if dev in stopped and f.kind != "rejoin":
-                raise ValueError(
-                    f"faults[{f.kind}] {name} {at} names device {dev}, stopped at {name} {stopped[dev]}"
-                )
-        if f.kind == "rejoin":
-            if f.device not in stopped or stopped[f.device] >= at:
-                raise ValueError(
-                    f"faults[rejoin] device {f.device} {name} {at}: the device is live "
-                    "(a rejoin needs an earlier stop of it)"
-                )
-            del stopped[f.device]
-        key = _key(f)
-        if (key, at) in active:
-            other = active[key, at]
-            raise ValueError(
-                f"contradictory faults: {f.kind} and {other.kind} at {name} {at} on {key[0]} {list(key[1:])}"
-            )
-        active[key, at] = f
-        if f.kind == "stop":
-            stopped[f.device] = at
+        raise ValueError(f"{what} {path}: unknown key {extra[0]!r}; a faults file holds [[faults]] tables")
+    return faults_from_tables(data.get("faults", []))
 
 
 class TimedFaults:
@@ -168,9 +97,9 @@ class TimedFaults:
         for f in list(self.pending):
             if f.at_s > elapsed_s:
                 break
-            if _key(f) in taken:
+            if fault_key(f) in taken:
                 continue
-            taken.add(_key(f))
+            taken.add(fault_key(f))
             self.pending.remove(f)
             got = dataclasses.replace(f, at_s=None, at_iter=it + 1)
             self.injected.append((f, it + 1, elapsed_s))
@@ -201,15 +130,21 @@ def faults_at(
     """(the `stop` fault of iteration `it` (phase start or allreduce) or None, compute speed p,
     {peer device: link factor f}) for `device` at iteration `it`; of several active slow faults of a
     device (or link faults of a link), the one with the latest `at_iter` applies; a fault with a
-    `FaultEnd` at or before `it` is over."""
+    `FaultEnd` at or before `it` is over, and a slow fault ends with a stop of its device (which
+    re-joins healthy, as `core.faults` says)."""
     faults = tuple(faults)
     over = {e.fault for e in faults if isinstance(e, FaultEnd) and e.at_iter <= it}
+    stops = [
+        f.at_iter for f in faults if isinstance(f, FaultSpec) and f.kind == "stop" and f.device == device
+    ]
     stop, slow, link = None, (-1, 1.0), {}
     for f in faults:
         if isinstance(f, FaultEnd) or f in over or f.at_iter > it or device not in f.devices:
             continue
         if f.kind == "stop" and f.at_iter == it and f.phase != "join":
             stop = f
+        elif f.kind == "slow" and any(f.at_iter < s < it for s in stops):
+            continue
         elif f.kind == "slow" and f.at_iter >= slow[0]:
             slow = (f.at_iter, float(f.severity))
         elif f.kind == "link":

@@ -22,9 +22,9 @@ import time
 from resihp.core.plan import Plan
 from resihp.model.loss import iteration_loss
 
-from .config import TrainConfig, check_fits
+from .config import TrainConfig, check_fits, check_run
 from .controller import launch_elastic
-from .faults import load_faults, validate_faults
+from .dirlock import acquire
 from .launch import JobSpec
 
 TRACE_VERSION = 1
@@ -119,15 +119,6 @@ def run_training(
     config = config or TrainConfig()
     if plan is None:
         plan = config.plan()
-    else:
-        check_fits(plan, config.workers)
-    faults = load_faults(config.faults) if config.faults else ()
-    faults = validate_faults(faults, plan.devices())
-    for _, p in replans:
-        check_fits(p, config.workers)
-        if not set(p.devices()) | set(p.standby) <= set(plan.devices()) | set(plan.standby):
-            raise ValueError(f"a replan uses devices outside the initial plan: {p.devices()}")
-    workload = config.workload()
     start = 0
     if resume is not None:
         from .checkpoint import load_meta, resolve
@@ -138,6 +129,12 @@ def run_training(
             raise ValueError(
                 f"--resume: the checkpoint is at iteration {start}, run.iterations = {config.iterations}"
             )
+    faults = check_run(config, plan, start)
+    for _, p in replans:
+        check_fits(p, config.workers)
+        if not set(p.devices()) | set(p.standby) <= set(plan.devices()) | set(plan.standby):
+            raise ValueError(f"a replan uses devices outside the initial plan: {p.devices()}")
+    workload = config.workload()
     job = JobSpec(
         spec=plan.model,
         workload=workload,
@@ -156,6 +153,7 @@ def run_training(
     )
     rows: list[dict] = []
     events: list[dict] = []
+    lock = acquire(config.checkpoint_dir) if config.checkpoint_dir else None  # released at the end
     bar = Progress(config.iterations, enabled=progress)
     t_start = time.perf_counter()
 
@@ -193,6 +191,8 @@ def run_training(
         events.sort(key=lambda e: e["iter"])
     finally:
         bar.close()
+        if lock is not None:
+            lock.release()
     elapsed = time.perf_counter() - t_start
     trace = [
         {k: v for k, v in rec.items() if k != "losses"}

@@ -12,7 +12,9 @@
 - `llama3-rates`: Poisson fail-stops (per GPU, 60% GPU / 40% node) and fail-slows (per node,
   80% link) at the Llama 3 / Greyhound rates, lognormal repair and fail-slow durations.
 
-Unknown keys or bad values raise ValueError naming the key, the value and what is allowed.
+The arguments, their defaults and their rules are `resihp.core.scenario.GENERATOR_ARGS` (checked when a
+scenario loads, by `generator_args`): unknown keys or bad values raise ValueError naming the key,
+the value and what is allowed.
 """
 
 from __future__ import annotations
@@ -22,49 +24,7 @@ import random
 
 from resihp.core.cluster import Cluster
 from resihp.core.faults import FaultSpec
-from resihp.core.scenario import Job
-
-LEVELS = {"W": 0.35, "M": 0.55, "S": 0.70}  # unmitigated throughput drop per severity level
-SPEC = {
-    "stop-every": {"interval_s": None, "start_s": 300.0, "rejoin_after_s": 0.0, "max_fraction": 0.5},
-    "fail-slow": {"level": "M", "kind": "both", "start_s": 60.0},
-    "mixed": {"interval_s": None, "level": "M", "start_s": 300.0, "rejoin_after_s": 0.0},
-    "llama3-rates": {
-        "stop_rate_per_gpu_h": 2.0e-5,
-        "slow_rate_per_node_h": 5.8e-4,
-        "repair_median_s": 7200.0,
-    },
-}
-
-
-def _args(gen: dict) -> tuple[str, dict]:
-    name = gen.get("generator")
-    if name not in SPEC:
-        raise ValueError(f"faults.generator = {name!r}: unknown; allowed: {', '.join(SPEC)}")
-    out = {}
-    for key, value in gen.items():
-        if key == "generator":
-            continue
-        if key not in SPEC[name]:
-            raise ValueError(f"faults.{key}: unknown key for {name}; allowed: {', '.join(SPEC[name])}")
-        default = SPEC[name][key]
-        if isinstance(default, str):
-            allowed = tuple(LEVELS) if key == "level" else ("compute", "link", "both")
-            if value not in allowed:
-                raise ValueError(f"faults.{key} = {value!r}: allowed: {', '.join(allowed)}")
-        elif isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            raise ValueError(f"faults.{key} = {value!r}: must be a number >= 0")
-        out[key] = value
-    for key, default in SPEC[name].items():
-        if key not in out:
-            if default is None:
-                raise ValueError(f"faults.{key}: missing; generator {name} needs it")
-            out[key] = default
-    if "interval_s" in out and out["interval_s"] <= 0:
-        raise ValueError(f"faults.interval_s = {out['interval_s']!r}: must be > 0")
-    if name == "stop-every" and not 0 < out["max_fraction"] < 1:
-        raise ValueError(f"faults.max_fraction = {out['max_fraction']!r}: must lie in (0, 1)")
-    return name, out
+from resihp.core.scenario import GENERATOR_ARGS, LEVELS, Job, generator_args
 
 
 def kill_order(job: Job, rng: random.Random) -> list[int]:
@@ -219,11 +179,12 @@ GENERATORS = {
     "mixed": _mixed,
     "llama3-rates": _llama3_rates,
 }
+assert set(GENERATORS) == set(GENERATOR_ARGS), "every generator has its arguments in core.scenario"
 
 
 def generate(job: Job, generator: dict, horizon_s: float, timer, seed: int) -> tuple[FaultSpec, ...]:
     """The fault list of `generator` (a scenario's `faults = {...}` table) over `horizon_s`."""
-    name, args = _args(generator)
+    name, args = generator_args(generator)
     rng = random.Random(f"{name}:{seed}")
     faults = GENERATORS[name](job, args, horizon_s, timer, rng)
     return tuple(sorted(faults, key=lambda f: f.at_s))

@@ -87,20 +87,6 @@ def scenario_faults(scenario: Scenario, timer: PlanTimer, seed: int, t0: float):
     return scenario.faults
 
 
-def _report(ev: TraceEvent) -> FailureReport:
-    if ev.kind == "stop":
-        return FailureReport("fail-stop", (ev.device,), severity=0.0)
-    if ev.kind == "rejoin":
-        return FailureReport("rejoin", (ev.device,), severity=1.0)
-    if ev.kind == "slow":
-        return FailureReport("fail-slow", (ev.device,), severity=ev.severity)
-    if ev.kind == "link":
-        return FailureReport("link-slow", (), link=ev.link, severity=ev.severity)
-    if ev.kind == "slow-end":
-        return FailureReport("recovered", (ev.device,), severity=1.0)
-    return FailureReport("recovered", (), link=ev.link, severity=1.0)
-
-
 def _view(cluster, r: FailureReport):
     if r.kind == "fail-stop":
         return cluster.with_alive(r.devices[0], False)
@@ -183,7 +169,7 @@ class _Run:
             if ev.kind == "stop" and key in self.pending:
                 self._cancel(key)
             if det.stop_s is not None:
-                self.push(t + det.stop_s, "detect", _report(ev))
+                self.push(t + det.stop_s, "detect", ev.report())
             return
         iters = det.slow_iters if ev.kind.startswith("slow") else det.link_iters
         if ev.kind.endswith("-end") and key in self.pending:
@@ -193,7 +179,7 @@ class _Run:
             return
         x = self.rate()
         it_s = self.plan.global_microbatches / x if x > 0 else self.t0
-        seq = self.push(t + det.extra_s + iters * it_s, "detect", _report(ev))
+        seq = self.push(t + det.extra_s + iters * it_s, "detect", ev.report())
         if not ev.kind.endswith("-end"):
             self.pending[key] = seq
 

@@ -92,4 +92,4 @@ def test_unknown_and_unbuilt_policies(scenario, capsys):
 def test_missing_file(capsys):
     """A missing scenario file is a one-line error, exit 2."""
     assert main(["plan", "/nonexistent.toml"]) == 2
-    assert "not found" in capsys.readouterr().err
+    assert "scenario /nonexistent.toml: no such file" in capsys.readouterr().err

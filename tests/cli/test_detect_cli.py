@@ -65,8 +65,8 @@ def test_bench_json_has_the_contract_keys_and_is_deterministic(tmp_path):
 @pytest.mark.parametrize(
     "argv,message",
     [(["detect"], "give --scenario"),
-     (["detect", "--scenario", "/nonexistent.toml"], "not found"),
-     (["detect", "--trace", "/nonexistent.jsonl"], "cannot open"),
+     (["detect", "--scenario", "/nonexistent.toml"], "--scenario /nonexistent.toml: no such file"),
+     (["detect", "--trace", "/nonexistent.jsonl"], "--trace /nonexistent.jsonl: no such file"),
      (["detect", "bench", "--jobs", "1"], "--jobs"),
      (["detect", "bench", "--faults", "XL"], "allowed"),
      (["detect", "bench", "--seq-lens", "1000"], "allowed")],

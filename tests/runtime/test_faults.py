@@ -5,11 +5,11 @@ import dataclasses
 
 import pytest
 
-from resihp.core.faults import FaultSpec
+from resihp.core.faults import FaultSpec, check_faults
 from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan
 from resihp.runtime.config import TrainConfig
-from resihp.runtime.faults import FaultEnd, TimedFaults, faults_at, join_stop, load_faults, validate_faults
+from resihp.runtime.faults import FaultEnd, TimedFaults, faults_at, join_stop, load_faults
 from resihp.runtime.launch import alive
 from resihp.runtime.reference import reference_for
 from resihp.runtime.train import run_training
@@ -29,65 +29,72 @@ def test_load_and_query_faults(tmp_path):
         "[[faults]]\nkind='link'\nsrc=0\ndst=3\nat_iter=1\nseverity=0.5\n"
         "[[faults]]\nkind='stop'\ndevice=2\nat_iter=4\n",
     )
-    faults = validate_faults(load_faults(path), range(4))
+    faults = check_faults(load_faults(path), range(4))
     assert [f.at_iter for f in faults] == [1, 2, 4]
     assert faults_at(faults, 1, 1) == (None, 1.0, {})
     assert faults_at(faults, 1, 5) == (None, 0.25, {})
     assert faults_at(faults, 3, 1) == (None, 1.0, {0: 0.5})
     assert faults_at(faults, 0, 9) == (None, 1.0, {3: 0.5})
     assert faults_at(faults, 2, 4)[0].kind == "stop" and faults_at(faults, 2, 5)[0] is None
-    back = validate_faults([*faults, FaultSpec("rejoin", at_iter=6, device=2)], range(4))
+    back = check_faults([*faults, FaultSpec("rejoin", at_iter=6, device=2)], range(4))
     assert back[-1].kind == "rejoin" and faults_at(back, 2, 6) == (None, 1.0, {})
 
 
 @pytest.mark.parametrize(
     "faults, message",
     [
-        ([FaultSpec("stop", at_iter=1, device=9)], "device 9, which is not in the plan"),
-        ([FaultSpec("link", at_iter=1, src=0, dst=8, severity=0.5)], "device 8"),
+        ([FaultSpec("stop", at_iter=1, device=9)], r"faults\[0\].device = 9: no such device; allowed: 0..3"),
+        ([FaultSpec("link", at_iter=1, src=0, dst=8, severity=0.5)], r"faults\[0\].dst = 8: no such device"),
         (
             [FaultSpec("stop", at_iter=1, device=1), FaultSpec("slow", at_iter=1, device=1, severity=0.5)],
-            "contradictory faults",
+            r"device 1 already has faults\[0\] \(stop at_iter 1\) at that time",
         ),
         (
             [FaultSpec("stop", at_iter=1, device=1), FaultSpec("slow", at_iter=3, device=1, severity=0.5)],
-            "stopped",
+            r"faults\[1\] \(slow at_iter 3\): device 1 is dead \(faults\[0\] \(stop at_iter 1\)\)",
         ),
-        ([FaultSpec("rejoin", at_iter=1, device=1)], "device 1 at_iter 1: the device is live"),
-        ([FaultSpec("stop", at_iter=2, device=1), FaultSpec("rejoin", at_iter=2, device=1)], "is live"),
+        ([FaultSpec("rejoin", at_iter=1, device=1)], r"faults\[0\] \(rejoin at_iter 1\): device 1 is alive"),
+        ([FaultSpec("stop", at_iter=2, device=1), FaultSpec("rejoin", at_iter=2, device=1)], "at that time"),
         (
             [FaultSpec("stop", at_iter=1, device=1), FaultSpec("rejoin", at_s=3.0, device=1)],
-            r"faults\[rejoin\] at_s = 3.0 on device 1: its faults mix at_iter and at_s",
+            r"faults\[1\] \(rejoin at_s 3\): device 1 also has faults\[0\] \(stop at_iter 1\); key all",
         ),
         (
             [FaultSpec("stop", at_s=1, device=0), FaultSpec("link", at_iter=2, src=1, dst=0, severity=0.5)],
-            "device 0: its faults mix",
+            r"device 0 also has faults\[0\] \(stop at_s 1\)",
         ),
-        ([FaultSpec("stop", at_s=1.0, device=9)], "device 9, which is not in the plan"),
+        ([FaultSpec("stop", at_s=1.0, device=9)], r"faults\[0\].device = 9: no such device"),
         (
             [
                 FaultSpec("link", at_s=2, src=0, dst=1, severity=0.5),
                 FaultSpec("link", at_s=2, src=1, dst=0, severity=0.2),
             ],
-            "contradictory faults: link and link at at_s 2 on link",
+            r"faults\[1\] \(link at_s 2\): link \[0, 1\] already has faults\[0\] \(link at_s 2\)",
         ),
         (
             [FaultSpec("stop", at_s=1.5, device=1), FaultSpec("slow", at_s=3, device=1, severity=0.5)],
-            "at_s 3 names device 1, stopped at at_s 1.5",
+            r"faults\[1\] \(slow at_s 3\): device 1 is dead \(faults\[0\] \(stop at_s 1.5\)\)",
         ),
-        ([FaultSpec("rejoin", at_s=2.0, device=1)], "device 1 at_s 2.0: the device is live"),
-        ([FaultSpec("stop", at_s=2.0, device=1), FaultSpec("rejoin", at_s=2.0, device=1)], "is live"),
+        ([FaultSpec("rejoin", at_s=2.0, device=1)], r"faults\[0\] \(rejoin at_s 2\): device 1 is alive"),
+        ([FaultSpec("stop", at_s=2.0, device=1), FaultSpec("rejoin", at_s=2.0, device=1)], "at that time"),
+        (
+            [
+                FaultSpec("slow", at_iter=1, device=0, severity=0.5),
+                FaultSpec("slow", at_iter=3, device=0, severity=0.2),
+            ],
+            r"faults\[1\] \(slow at_iter 3\): overlaps faults\[0\] \(slow at_iter 1\) on device 0",
+        ),
     ],
 )
 def test_bad_faults_are_rejected(faults, message):
     with pytest.raises(ValueError, match=message):
-        validate_faults(faults, range(4))
+        check_faults(faults, range(4))
 
 
 def test_run_training_rejects_a_bad_faults_file_before_starting(tmp_path):
     """A fault naming a device outside the plan fails in run_training before any process starts."""
     path = _write(tmp_path, "[[faults]]\nkind='stop'\ndevice=12\nat_iter=1\n")
-    with pytest.raises(ValueError, match="device 12"):
+    with pytest.raises(ValueError, match=r"faults\[0\].device = 12: no such device"):
         run_training(TrainConfig(seq_len=32, iterations=2, faults=path), progress=False)
     with pytest.raises(ValueError, match="unknown key"):
         run_training(TrainConfig(faults=_write(tmp_path, "[other]\nx=1\n")), progress=False)
@@ -102,7 +109,7 @@ def test_time_keyed_faults_are_validated_apart_from_iteration_keyed_ones():
         FaultSpec("stop", at_s=1.0, device=1),
         FaultSpec("slow", at_iter=2, device=0, severity=0.5, duration_s=1.5),
     ]
-    assert [(f.kind, f.at_iter, f.at_s) for f in validate_faults(faults, range(4))] == [
+    assert [(f.kind, f.at_iter, f.at_s) for f in check_faults(faults, range(4))] == [
         ("slow", 2, None),
         ("stop", None, 1.0),
         ("rejoin", None, 3.0),
@@ -116,7 +123,7 @@ def test_time_keyed_faults_resolve_at_the_next_commit_one_per_device():
     due fault (its rejoin) waits for the next commit; nothing lands past the last iteration."""
     stop, back = FaultSpec("stop", at_s=0.5, device=1), FaultSpec("rejoin", at_s=0.7, device=1)
     link = FaultSpec("link", at_s=0.6, src=2, dst=3, severity=0.5)
-    timed = TimedFaults(validate_faults([stop, back, link], range(4)), start=0, end=6)
+    timed = TimedFaults(check_faults([stop, back, link], range(4)), start=0, end=6)
     assert timed.resolve(0, 0.4) == []
     assert timed.resolve(1, 0.8) == [
         dataclasses.replace(stop, at_s=None, at_iter=2),
@@ -140,7 +147,7 @@ def test_durations_end_at_the_commit_that_passes_them():
     slow = FaultSpec("slow", at_s=1.0, device=0, severity=0.25, duration_s=2.0)
     link = FaultSpec("link", at_iter=3, src=1, dst=2, severity=0.5, duration_s=0.5)
     first = FaultSpec("slow", at_iter=0, device=3, severity=0.5, duration_s=0.5)
-    timed = TimedFaults(validate_faults([slow, link, first], range(4)), start=0, end=20)
+    timed = TimedFaults(check_faults([slow, link, first], range(4)), start=0, end=20)
     on = dataclasses.replace(slow, at_s=None, at_iter=2)
     assert timed.resolve(0, 0.4) == []
     assert timed.resolve(1, 1.1) == [FaultEnd(first, 2), on]
@@ -160,6 +167,17 @@ def test_the_latest_active_slow_fault_applies():
     b = FaultSpec("slow", at_iter=3, device=0, severity=0.2, duration_s=1.0)
     faults = (a, b, FaultEnd(b, 5))
     assert [faults_at(faults, 0, k)[1] for k in range(6)] == [1, 0.5, 0.5, 0.2, 0.2, 0.5]
+
+
+def test_a_stop_ends_the_slow_fault_of_its_device():
+    """As in the simulator (`core.faults`): a device re-joins healthy; in its stop's iteration the
+    slow still applies (a stop in the all-reduce comes after the compute)."""
+    faults = (
+        FaultSpec("slow", at_iter=1, device=2, severity=0.25),
+        FaultSpec("stop", at_iter=3, device=2),
+        FaultSpec("rejoin", at_iter=5, device=2),
+    )
+    assert [faults_at(faults, 2, k)[1] for k in (0, 1, 3, 5, 6)] == [1, 0.25, 0.25, 1, 1]
 
 
 SPEC = ModelSpec("t", 4, 32, 8, 2, 48, 256)

@@ -87,7 +87,8 @@ def test_loss_of_a_whole_stage_is_served_by_the_other_replica(tmp_path, check_st
         "[[faults]]\nkind = 'stop'\ndevice = 7\nat_iter = 1\n"
         "[[faults]]\nkind = 'link'\nsrc = 1\ndst = 3\nat_iter = 0\nseverity = 0.5\n"
     )
-    config = TrainConfig(seq_len=32, microbatches=2, iterations=3, faults=str(faults))
+    # a link fault needs the link model (without it, it would have no effect and is rejected)
+    config = TrainConfig(seq_len=32, microbatches=2, iterations=3, faults=str(faults), link_mb_per_s=1.0)
     plan = Plan.uniform(SPEC, 2, 2, 2, 2)
     res = run_training(config, plan, progress=False, return_state=True)
     ref_losses, ref_state = reference_for(plan, config)

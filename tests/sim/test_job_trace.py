@@ -37,13 +37,50 @@ def test_overlapping_slows_on_one_device_are_an_error():
         FaultSpec("slow", at_s=5, device=1, severity=0.3),
     )
     assert [e.kind for e in ok] == ["slow", "slow-end", "slow"]
+    flipped = trace(
+        FaultSpec("slow", at_s=5, device=1, severity=0.3),
+        FaultSpec("slow", at_s=0, device=1, severity=0.5, duration_s=5),
+    )
+    assert flipped == ok  # at one time an end comes before an onset, whatever the list order
+
+
+def test_at_iter_faults_land_at_multiples_of_the_iteration_time():
+    """`at_iter = k` is the change at k · t0, its duration counted from there, in seconds."""
+    events = build_trace(
+        (
+            FaultSpec("slow", at_iter=3, device=1, severity=0.5, duration_s=2),
+            FaultSpec("stop", at_iter=4, device=2),
+        ),
+        CLUSTER,
+        1.5,
+    )
+    assert [(e.t_s, e.kind) for e in events] == [(4.5, "slow"), (6.0, "stop"), (6.5, "slow-end")]
+
+
+def test_each_change_reports_as_a_perfect_detector_would():
+    """The one fault -> report mapping: kinds, devices or link, severities."""
+    events = trace(
+        FaultSpec("slow", at_s=0, device=1, severity=0.5, duration_s=5),
+        FaultSpec("link", at_s=1, src=3, dst=2, severity=0.25, duration_s=5),
+        FaultSpec("stop", at_s=2, device=4),
+        FaultSpec("rejoin", at_s=3, device=4),
+    )
+    got = [(r.kind, r.devices, r.link, r.severity) for r in (e.report() for e in events)]
+    assert got == [
+        ("fail-slow", (1,), None, 0.5),
+        ("link-slow", (), (2, 3), 0.25),
+        ("fail-stop", (4,), None, 0.0),
+        ("rejoin", (4,), None, 1.0),
+        ("recovered", (1,), None, 1.0),
+        ("recovered", (), (2, 3), 1.0),
+    ]
 
 
 def test_slow_or_link_fault_on_a_dead_device_is_an_error():
     """A fail-slow needs a live device; a slow link needs both ends alive."""
     with pytest.raises(ValueError, match="is dead"):
         trace(FaultSpec("stop", at_s=0, device=2), FaultSpec("slow", at_s=1, device=2, severity=0.5))
-    with pytest.raises(ValueError, match="touches a dead device"):
+    with pytest.raises(ValueError, match=r"faults\[1\] \(link at_s 1\): device 2 is dead \(faults\[0\]"):
         trace(FaultSpec("stop", at_s=0, device=2), FaultSpec("link", at_s=1, src=2, dst=9, severity=0.5))
 
 
