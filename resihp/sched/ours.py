@@ -160,38 +160,47 @@ class ResiHP(Policy):
         """(label, plan, predicted iteration s, reconfig) of the best-scoring candidate (`_best`)."""
         return self._best(ctx, plan, self.candidates(ctx, plan, cluster), cluster)
 
-    def _best(self, ctx, plan: Plan, cands, cluster) -> tuple[str, Plan, float, object]:
-        """The best of `cands` ([(label, plan)]) for switching from `plan` on `cluster`.
+    def _ranked(self, ctx, plan: Plan, cands, cluster):
+        """(ranked, top): the feasible `cands` ([(label, plan)]) as [(proxy score, label, plan,
+        reconfig from `plan`)], best first (stable: ties keep the candidates' order), and how many
+        of them at most get the full ITP pass.
 
         `proxy_time` mostly under-estimates the ITP (it leaves out communication, bubbles beyond
-        one fill and ordering stalls), so the score it gives is an optimistic bound. Candidates get
-        the full ITP pass (`iteration_time`) in order of that bound, skipping those whose bound
-        cannot beat the best costed plan; `dag_top` caps the passes (0: trust the proxy alone).
-        The paper's plan, when a candidate, is always costed, so `resihp` never scores below it.
-        Of equal scores the earlier candidate wins.
-        """
+        one fill and ordering stalls), so the score it gives is an optimistic bound; `dag_top`
+        caps the passes (0: trust the proxy alone); while a link is slow every candidate is
+        costed (the proxy is blind to links), except on large jobs."""
         ranked = []
         for label, cand in cands:
             if not fits_memory(ctx, cand):
                 continue
             rc = reconfig_cost(ctx, plan, cand, cluster, self.planning_s)
             ranked.append((self._score(proxy_time(ctx, cand, cluster), rc.pause_s), label, cand, rc))
+        ranked.sort(key=lambda r: r[0], reverse=True)
+        top = len(ranked) if cluster.links and not self._large(ctx) else self.dag_top
+        return ranked, top
+
+    def _priced(self, ctx, cand: Plan, rc, cluster) -> tuple[tuple, float]:
+        """(score, predicted iteration s) of `cand` by the full ITP pass (the proxy if dag_top = 0)."""
+        if self.dag_top <= 0:
+            it = proxy_time(ctx, cand, cluster)
+        else:
+            it = link_time(ctx, cand, cluster, self.evaluator)
+        return self._score(it, rc.pause_s), it
+
+    def _best(self, ctx, plan: Plan, cands, cluster) -> tuple[str, Plan, float, object]:
+        """The best of `cands` ([(label, plan)]) for switching from `plan` on `cluster`: candidates
+        get the full ITP pass in order of their proxy bound (`_ranked`), skipping those whose bound
+        cannot beat the best costed plan; the paper's plan, when a candidate, is always costed, so
+        `resihp` never scores below it. Of equal scores the earlier candidate wins."""
+        ranked, top = self._ranked(ctx, plan, cands, cluster)
         if not ranked:
             raise ValueError("no feasible plan for the live devices")
-        ranked.sort(key=lambda r: r[0], reverse=True)  # stable: ties keep the candidates' order
-        if self.dag_top <= 0:
-            _, label, cand, rc = ranked[0]
-            return label, cand, proxy_time(ctx, cand, cluster), rc
-        top = self.dag_top
-        if cluster.links and not self._large(ctx):  # the proxy is blind to links: cost every variant
-            top = len(ranked)
         best = None
         for k, (bound, label, cand, rc) in enumerate(ranked):
-            pruned = best is not None and (k >= top or bound <= best[0])
+            pruned = best is not None and (k >= max(top, 1) or bound <= best[0])
             if pruned and label != "paper":  # the paper's plan is always costed: never worse
                 continue
-            it = link_time(ctx, cand, cluster, self.evaluator)
-            score = self._score(it, rc.pause_s)
+            score, it = self._priced(ctx, cand, rc, cluster)
             if best is None or score > best[0]:
                 best = (score, label, cand, it, rc)
         return best[1], best[2], best[3], best[4]
@@ -202,24 +211,16 @@ class ResiHP(Policy):
 
     def wins(self, ctx, plan: Plan, new: Plan, others, cluster) -> bool:
         """`new` scores above keeping `plan` and above each of `others` on `cluster` (a tie goes to
-        the rival). As in `_best`, rivals are costed by the ITP in order of their proxy bound, only
-        while it reaches `new`'s score and within `dag_top` (every one while a link is slow; the
-        paper's plan and keeping `plan` always); the first that reaches `new`'s score ends it."""
-
-        def score(p: Plan, full: bool):
-            pause = 0.0 if p is plan else reconfig_cost(ctx, plan, p, cluster, self.planning_s).pause_s
-            t = link_time(ctx, p, cluster, self.evaluator) if full else proxy_time(ctx, p, cluster)
-            return self._score(t, pause)
-
-        full = self.dag_top > 0
-        mine = score(new, full)
-        rivals = [(score(p, False), label, p) for label, p in others if fits_memory(ctx, p)]
-        rivals.sort(key=lambda r: r[0], reverse=True)
-        top = len(rivals) if cluster.links and not self._large(ctx) else self.dag_top
-        for k, (bound, label, p) in enumerate([(None, "keep", plan), *rivals]):
-            if label not in ("keep", "paper") and (k > top or bound < mine):
+        the rival). Rivals are priced as in `_best` (`_ranked`): in order of their proxy bound,
+        while it reaches `new`'s score (keeping `plan` and the paper's plan always); the first
+        that reaches `new`'s score ends the check."""
+        rc_new = reconfig_cost(ctx, plan, new, cluster, self.planning_s)
+        mine, _ = self._priced(ctx, new, rc_new, cluster)
+        ranked, top = self._ranked(ctx, plan, [("keep", plan), *others], cluster)
+        for k, (bound, label, cand, rc) in enumerate(ranked):
+            if label not in ("keep", "paper") and (k >= top or bound < mine):
                 continue
-            if score(p, full) >= mine:
+            if self._priced(ctx, cand, rc, cluster)[0] >= mine:
                 return False
         return True
 
