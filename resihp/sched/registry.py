@@ -76,7 +76,7 @@ def _checked(key: str, value, default):
         ok = ok and (isinstance(default, float) or isinstance(value, int))
     if not ok:
         raise ValueError(
-            f"{key} = {value!r}: must be a {type(default).__name__}, like its default {default!r}"
+            f"{key} = {value!r}: must be of type {type(default).__name__}, like its default {default!r}"
         )
     return value
 

@@ -37,7 +37,7 @@ def test_policy_section_names_a_policy_and_its_options(tmp_path):
             {"name": "resihp", "horizon": 600},
             r"policy\.horizon: unknown option of policy 'resihp'; allowed: ",
         ),
-        ({"horizon_s": "long"}, r"policy\.horizon_s = 'long': must be a float"),
+        ({"horizon_s": "long"}, r"policy\.horizon_s = 'long': must be of type float"),
         ({"name": 3}, r"policy\.name = 3: unknown policy"),
     ],
 )

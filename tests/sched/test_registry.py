@@ -44,11 +44,11 @@ def test_build_policy_checks_every_option():
         ValueError, match=r"policy\.horizon: unknown option of policy 'resihp'; allowed: horizon_s"
     ):
         build_policy("resihp", {"horizon": 600})
-    with pytest.raises(ValueError, match=r"policy\.horizon_s = '600': must be a float"):
+    with pytest.raises(ValueError, match=r"policy\.horizon_s = '600': must be of type float"):
         build_policy("resihp", {"horizon_s": "600"})
-    with pytest.raises(ValueError, match=r"policy\.dag_top = 2\.5: must be a int"):
+    with pytest.raises(ValueError, match=r"policy\.dag_top = 2\.5: must be of type int"):
         build_policy("resihp", {"dag_top": 2.5})
-    with pytest.raises(ValueError, match=r"policy\.delta = True: must be a int"):
+    with pytest.raises(ValueError, match=r"policy\.delta = True: must be of type int"):
         build_policy("resihp-paper", {"delta": True})
     with pytest.raises(ValueError, match=r"policy\.name = 'malleus': unknown policy; allowed: none, "):
         build_policy("malleus")
