@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from resihp.core.scenario import load_scenario  # noqa: E402
-from resihp.sim.compare import policy_registry  # noqa: E402
+from resihp.sched import POLICIES  # noqa: E402
 from resihp.sim.job import scenario_faults, simulate, with_seed  # noqa: E402
 from resihp.sim.timing import PlanTimer  # noqa: E402
 
@@ -30,16 +30,15 @@ def main(argv=None) -> None:
     ap.add_argument("--policies", nargs="*", default=None)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    registry = policy_registry()
     s = with_seed(load_scenario(args.scenario), args.seed)
     start = time.time()
     timer = PlanTimer(s.job, args.seed)
     t0 = timer.iteration_s(s.job.initial_plan(), s.job.cluster)
     s = replace(s, faults=tuple(scenario_faults(s, timer, args.seed, t0)), generator={})
     print(f"{s.name}: {len(s.faults)} faults, t0 = {t0:.2f} s, setup {time.time() - start:.1f} s", flush=True)
-    for name in args.policies or list(registry):
+    for name in args.policies or list(POLICIES):
         t = time.time()
-        run = simulate(s, registry[name](), args.seed, timer)
+        run = simulate(s, POLICIES[name](), args.seed, timer)
         print(
             f"  {name:20s} {run.samples_per_s:9.3f} samples/s  bound {run.capacity_bound_samples_per_s:9.3f}"
             f"  {'aborted ' if run.aborted else ''}{time.time() - t:6.1f} s",

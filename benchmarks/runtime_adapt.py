@@ -35,6 +35,7 @@ import os
 import statistics
 import subprocess
 import tempfile
+from dataclasses import replace
 
 import numpy as np
 
@@ -86,8 +87,10 @@ def run(
                 f.write(
                     f"[[faults]]\nkind = 'slow'\ndevice = {SLOW_DEVICE}\nat_iter = {at}\nseverity = {SPEED}\n"
                 )
-        config = TrainConfig(iterations=iterations, faults=faults, **LAYOUTS[layout])
-        return run_training(config, progress=False, detect_slow=adapt, policy=policy)
+        config = TrainConfig(iterations=iterations, faults=faults, detect_slow=adapt, **LAYOUTS[layout])
+        if policy is None:  # the runtime's own rules
+            return run_training(config, progress=False, policy=None)
+        return run_training(replace(config, policy=policy), progress=False)
 
 
 def steady(res: dict, first: int) -> dict:

@@ -1,15 +1,19 @@
-"""Replan latency of the scheduler policies (issue 3 acceptance).
+"""Replan latency of the scheduler policies (issue 3 and issue 12 acceptance).
 
-One `adapt` call (plan, reconfiguration cost and predicted iteration time) after a mixed fault
-batch: one fail-stop, one fail-slow at p = 0.5 and one at p = 0.3, on
+One `adapt` call (plan, reconfiguration cost and predicted iteration time) per fault batch, with
+the batch's reports, on
 - LLaMA 2-70B at (TP 4, DP 4, PP 16) on 256 A100s, 64 micro-batches per replica (target <= 100 ms
   for `resihp`; the paper reports 1.44 s for Qwen 2.5-32B);
 - LLaMA 2-70B at (TP 8, DP 128, PP 16) on 16,384 H100s, 32 micro-batches per replica (<= 5 s).
-Rows: `resihp-paper`; `resihp` (default: candidates ranked by the analytic proxy, the best two
-plus the paper's plan then costed by the full ITP pass, resihp.sim.predict); `resihp plan-only`
-(dag_top=0: the choice on the proxy alone, i.e. the replan without the ITP pass that prices it).
-Reports the median of `repeats` calls after one warm-up call (caches of the job's initial plan
-and packed batch). Run: .venv/bin/python benchmarks/sched_latency.py [--quick]
+Fault batches: `fail-stop` (one device dies), `fail-slow` (one device at p = 0.5), `mixed` (one
+fail-stop, one fail-slow at p = 0.5 and one at p = 0.3: the batch of the issue 3 figures).
+Rows: `resihp-paper`; `resihp` (candidates ranked by the analytic proxy, the best few plus the
+paper's plan then costed by the full ITP pass, resihp.sim.predict); `resihp plan-only` (dag_top=0:
+the choice on the proxy alone); for fail-slow batches also `resihp +before`, the call the
+runtime makes (`adapt(..., before=...)`: the candidates re-ranked on the cluster before the
+reports, to tell whether they are why the plan changes). Reports the median of `repeats` calls
+after one warm-up call (caches of the packed batch and memory bounds).
+Run: .venv/bin/python benchmarks/sched_latency.py [--quick] [--small]
 """
 
 from __future__ import annotations
@@ -18,9 +22,9 @@ import statistics
 import sys
 import time
 
-from resihp.core import Cluster, Workload, model_preset
+from resihp.core import Cluster, FailureReport, Workload, model_preset
 from resihp.core.scenario import Job
-from resihp.sched import ResiHP, ResiHPPaper
+from resihp.sched import PlanningContext, ResiHP, ResiHPPaper
 
 CASES = [
     # name, preset, tp, pp, dp, microbatches, nodes, gpus per node, gpu, target s
@@ -29,43 +33,62 @@ CASES = [
 ]
 
 
-def faulted(cluster: Cluster) -> Cluster:
+def batches(cluster: Cluster) -> dict[str, tuple[Cluster, list[FailureReport]]]:
+    """Fault batch name -> (cluster after it, its reports)."""
     n = cluster.num_devices
-    return cluster.with_alive(n // 3 + 1, False).with_speed(n // 2 + 2, 0.5).with_speed(n - 5, 0.3)
+    dead, slow, slower = n // 3 + 1, n // 2 + 2, n - 5
+    stop = FailureReport("fail-stop", (dead,))
+    half = FailureReport("fail-slow", (slow,), severity=0.5)
+    third = FailureReport("fail-slow", (slower,), severity=0.3)
+    return {
+        "fail-stop": (cluster.with_alive(dead, False), [stop]),
+        "fail-slow": (cluster.with_speed(slow, 0.5), [half]),
+        "mixed": (
+            cluster.with_alive(dead, False).with_speed(slow, 0.5).with_speed(slower, 0.3),
+            [stop, half, third],
+        ),
+    }
 
 
-def bench(case, policies, repeats):
+def bench(case, policies, repeats, kinds):
     name, preset, tp, pp, dp, m, nodes, gpn, gpu, target = case
     job = Job(model_preset(preset), Cluster(nodes, gpn, gpu), Workload(8192, m), tp, pp, dp)
-    plan0 = job.initial_plan()
-    cluster = faulted(job.cluster)
+    ctx = PlanningContext.of_job(job)
     rows = []
-    for pname, policy in policies.items():
-        policy.adapt(job, plan0, cluster, [])
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            decision = policy.adapt(job, plan0, cluster, [])
-            times.append(time.perf_counter() - t0)
-        rows.append((name, pname, statistics.median(times), target, decision))
+    for kind, (cluster, reports) in batches(job.cluster).items():
+        if kind not in kinds:
+            continue
+        calls = dict(policies)
+        if kind == "fail-slow":
+            calls["resihp +before"] = (policies["resihp"][0], {"before": job.cluster})
+        for pname, (policy, kw) in calls.items():
+            policy.adapt(ctx, ctx.home, cluster, reports, **kw)
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                decision = policy.adapt(ctx, ctx.home, cluster, reports, **kw)
+                times.append(time.perf_counter() - t0)
+            rows.append((name, kind, pname, statistics.median(times), target, decision))
     return rows
 
 
 def main(argv: list[str]) -> None:
-    quick = "--quick" in argv
-    print(f"{'case':42s} {'policy':17s} {'replan s':>9s} {'target s':>9s}  plan")
-    for k, case in enumerate(CASES):
-        repeats = 1 if (quick or k == 1) else 3
+    quick, small = "--quick" in argv, "--small" in argv
+    print(f"{'case':40s} {'faults':9s} {'policy':17s} {'replan s':>9s} {'target s':>9s}  plan")
+    for k, case in enumerate(CASES[:1] if small else CASES):
+        repeats = 1 if (quick or k == 1) else 5
         policies = {
-            "resihp-paper": ResiHPPaper(),
-            "resihp": ResiHP(),
-            "resihp plan-only": ResiHP(dag_top=0),
+            "resihp-paper": (ResiHPPaper(), {}),
+            "resihp": (ResiHP(), {}),
+            "resihp plan-only": (ResiHP(dag_top=0), {}),
         }
-        for name, pname, t, target, d in bench(case, policies, repeats):
+        kinds = ("mixed",) if k == 1 else ("fail-stop", "fail-slow", "mixed")
+        for name, kind, pname, t, target, d in bench(case, policies, repeats, kinds):
             ok = "" if pname == "resihp-paper" else ("ok" if t <= target else "over target")
             print(
-                f"{name:42s} {pname:17s} {t:9.3f} {target:9.2f}  {d.reason} "
-                f"(iteration {d.predicted_iteration_s:.2f} s, pause {d.reconfig.pause_s:.1f} s) {ok}"
+                f"{name:40s} {kind:9s} {pname:17s} {t:9.3f} {target:9.2f}  {d.reason} "
+                f"(iteration {d.predicted_iteration_s:.2f} s, pause {d.reconfig.pause_s:.1f} s"
+                f"{'' if d.prompted else ', unprompted'}) {ok}"
             )
 
 

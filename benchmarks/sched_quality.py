@@ -25,7 +25,7 @@ import time
 
 from resihp.core import Cluster, Workload, model_preset
 from resihp.core.scenario import Job
-from resihp.sched import ResiHP, ResiHPPaper
+from resihp.sched import PlanningContext, ResiHP, ResiHPPaper
 from resihp.sched.exact import exact_bottleneck, ours_bottleneck, random_instance
 from resihp.sim.predict import predict
 
@@ -73,7 +73,7 @@ def ratios(states: int, seed: int, mixed: bool):
             it = predict(job, plan0, cluster).iteration_s
             out[name].setdefault("none", []).append(base[name] / it / bound)
         for pname, policy in policies.items():
-            d = policy.adapt(job, plan0, cluster, [])
+            d = policy.adapt(PlanningContext.of_job(job), plan0, cluster, [])
             r = 0.0 if d.aborted else base[name] / d.predicted_iteration_s / bound
             out[name].setdefault(pname, []).append(r)
     return out

@@ -28,18 +28,16 @@ def load(family: str, name: str, results: Path) -> dict | None:
 
 
 def value(run: dict | None, policy: str, denom: float):
-    """Ours as a ratio; 'abort', 'not built yet', or None when missing."""
+    """Ours as a ratio; ("abort", ratio) for an aborted run; None when missing."""
     if run is None or policy not in run["policies"]:
         return None
     p = run["policies"][policy]
-    if "status" in p:
-        return p["status"]
     return ("abort", p["samples_per_s"] / denom) if p["aborted"] else p["samples_per_s"] / denom
 
 
 def match(paper, ours) -> bool | None:
-    if isinstance(ours, str) or ours is None:
-        return None if ours in (None, "not built yet") else paper is None
+    if ours is None:
+        return None
     aborted = isinstance(ours, tuple)
     if paper is None:
         return aborted

@@ -1,4 +1,4 @@
-"""Shared CLI plumbing: policy names, JSON writing and plain-text tables."""
+"""Shared CLI plumbing: the policy-name check, JSON writing and plain-text tables."""
 
 from __future__ import annotations
 
@@ -6,28 +6,13 @@ import json
 import sys
 
 from resihp.core.files import write_atomic
-
-POLICY_NAMES = (
-    "none", "checkpoint-restart", "recycle", "oobleck", "greyhound", "adaptra",
-    "recycle+greyhound", "oobleck+greyhound", "resihp-paper", "resihp",
-)  # fmt: skip
-
-
-def built_policies() -> dict:
-    """Policy name -> class, for the policies that exist in this build."""
-    try:
-        from resihp.sched import POLICIES
-    except ImportError:
-        return {}
-    return dict(POLICIES)
+from resihp.sched.registry import POLICIES
 
 
 def check_policy(name: str) -> None:
-    if name not in POLICY_NAMES:
-        raise ValueError(f"--policy {name!r}: unknown; allowed: {', '.join(POLICY_NAMES)}")
-    if name not in built_policies():
-        built = ", ".join(p for p in POLICY_NAMES if p in built_policies()) or "none yet"
-        raise ValueError(f"--policy {name!r}: not built yet; built: {built}")
+    """ValueError unless `name` is registered (`resihp.sched.registry.POLICIES`)."""
+    if name not in POLICIES:
+        raise ValueError(f"--policy {name!r}: unknown; allowed: {', '.join(POLICIES)}")
 
 
 def write_json(data: dict, path: str) -> None:

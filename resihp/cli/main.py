@@ -1,4 +1,4 @@
-"""`resihp` entry point: subcommands plan, simulate, demo, policies (detect and train when built).
+"""`resihp` entry point: subcommands demo, plan, simulate, policies, detect and train.
 
 User errors (bad scenario keys, impossible values, unknown policies) print one line naming the
 key, the value and what is allowed, and exit with status 2; no traceback.
@@ -9,14 +9,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import demo_cmd, plan_cmd, report_cmd, simulate_cmd
-from .common import POLICY_NAMES, built_policies
+from resihp.sched.registry import POLICIES, describe
+
+from . import demo_cmd, detect_cmd, plan_cmd, report_cmd, simulate_cmd, train_cmd
 
 
 def _policies(args) -> int:
-    built = built_policies()
-    for name in POLICY_NAMES:
-        print(f"{name:20s} {'built' if name in built else 'not built yet'}")
+    for name in POLICIES:
+        print(f"{name:20s} {describe(name)}")
     return 0
 
 
@@ -29,13 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan_cmd.add_parser(sub)
     simulate_cmd.add_parser(sub)
     report_cmd.add_parser(sub)
-    sub.add_parser("policies", help="list policy names and which are built").set_defaults(run=_policies)
-    for optional in ("resihp.cli.detect_cmd", "resihp.cli.train_cmd"):
-        try:
-            module = __import__(optional, fromlist=["add_parser"])
-        except ImportError:
-            continue
-        module.add_parser(sub)
+    sub.add_parser("policies", help="list the policy names, one line each").set_defaults(run=_policies)
+    detect_cmd.add_parser(sub)
+    train_cmd.add_parser(sub)
     return parser
 
 

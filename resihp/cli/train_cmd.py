@@ -65,9 +65,7 @@ def run(args) -> int:
     print(f"resihp train: {config.model} on {config.workers} CPU workers, tp {config.tp} pp {config.pp} "
           f"dp {config.dp}, {config.schedule}, {config.iterations} iterations")  # fmt: skip
     print(f"  plan: {stages}")
-    result = run_training(
-        config, progress=not args.quiet, detect_slow=config.faults is not None, resume=args.resume
-    )
+    result = run_training(config, progress=not args.quiet, resume=args.resume)
     s = result["summary"]
     rows = [[r["iter"], f"{r['loss']:.4f}", f"{r['time_s']:.3f}"] for r in result["iterations"]]
     every = max(1, len(rows) // 10)

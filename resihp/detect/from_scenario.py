@@ -31,7 +31,7 @@ def _faults(scenario: Scenario, iteration_s: float, iters: int, warn) -> tuple[l
     per = tp * pp
     by_replica: list[list] = [[] for _ in range(job.dp)]
     truth = []
-    for f in _expand(scenario, iteration_s, warn):
+    for f in _expand(scenario, iteration_s):
         if f.kind not in ("slow", "link"):
             warn(f"faults: a {f.kind} fault is detected by heartbeats, not timing; skipped")
             continue
@@ -55,16 +55,13 @@ def _faults(scenario: Scenario, iteration_s: float, iters: int, warn) -> tuple[l
     return by_replica, sorted(truth, key=lambda t: t["iter"])
 
 
-def _expand(scenario: Scenario, iteration_s: float, warn) -> tuple:
+def _expand(scenario: Scenario, iteration_s: float) -> tuple:
     """The scenario's fault list; a named generator is expanded as the job simulator does."""
     if not scenario.generator:
         return scenario.faults
-    try:
-        from resihp.sim.job import scenario_faults
-        from resihp.sim.timing import PlanTimer
-    except ImportError:
-        warn(f"faults generator {scenario.generator.get('generator')!r}: job simulator not built; skipped")
-        return ()
+    from resihp.sim.job import scenario_faults
+    from resihp.sim.timing import PlanTimer
+
     return tuple(scenario_faults(scenario, PlanTimer(scenario.job, 0), 0, iteration_s))
 
 

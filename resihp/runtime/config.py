@@ -31,6 +31,10 @@ TOML layout (every key optional; defaults = the embedded default job):
     link_mb_per_s = 0.0          # nominal P2P bandwidth, MB/s: a block of B bytes takes >= B/bw (0: off)
     heartbeat_timeout_s = 3.0    # a worker silent this long is hung: killed, then a fail-stop (1 to 60)
     devices_per_node = 8         # optional: devices d // devices_per_node share a node agent (default: all)
+    detect_slow = true           # watch live timings for fail-slows and slow links, replan (false: off)
+    [policy]
+    name = "resihp"              # the scheduler policy that replans (`resihp policies` lists them)
+    horizon_s = 600              # ... plus its options (keyword arguments of the policy class)
 
 A bad key or value raises ValueError naming `section.key`, the value and what is allowed; a plan
 that does not fit the model or the requested workers, a missing or unreadable file, an output
@@ -42,13 +46,15 @@ starts.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 from resihp.core.faults import FaultSpec, check_faults
 from resihp.core.files import check_dir, check_input, check_outputs, read_toml
 from resihp.core.model_spec import ModelSpec, model_preset
 from resihp.core.plan import SCHEDULES, Plan
 from resihp.core.workload import LENGTH_KINDS, Workload
+from resihp.sched.base import Policy
+from resihp.sched.registry import build_policy
 
 from .dirlock import check_free
 from .faults import load_faults
@@ -77,9 +83,12 @@ SECTIONS: dict[str, dict[str, str]] = {
         "link_mb_per_s": "link_mb_per_s",
         "heartbeat_timeout_s": "heartbeat_timeout_s",
         "devices_per_node": "devices_per_node",
+        "detect_slow": "detect_slow",
     },
+    "policy": {"name": "policy"},  # every other key of [policy] is an option of that policy
 }
 _WHERE = {fld: f"{sec}.{key}" for sec, keys in SECTIONS.items() for key, fld in keys.items()}
+_WHERE["policy_options"] = "policy"
 
 
 @dataclass(frozen=True)
@@ -108,6 +117,9 @@ class TrainConfig:
     link_mb_per_s: float = 0.0
     heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S
     devices_per_node: int | None = None  # None: every device on one node (one agent)
+    detect_slow: bool = True
+    policy: str = "resihp"
+    policy_options: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "microbatches", "seq_len", "iterations", "workers"):
@@ -140,8 +152,10 @@ class TrainConfig:
                 f"run.devices_per_node = {v!r}: must be a positive integer (devices d with the same "
                 "d // devices_per_node share a node agent; leave it out for one node)"
             )
-        if not isinstance(self.timing, bool):
-            raise ValueError(f"run.timing = {self.timing!r}: must be true or false")
+        for name in ("timing", "detect_slow"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{_WHERE[name]} = {getattr(self, name)!r}: must be true or false")
+        self.build_policy()  # policy.name and its options
         if self.trace is not None and not isinstance(self.trace, str):
             raise ValueError(f"run.trace = {self.trace!r}: must be a file path")
         if self.faults is not None and not isinstance(self.faults, str):
@@ -163,6 +177,12 @@ class TrainConfig:
     @property
     def spec(self) -> ModelSpec:
         return model_preset(self.model)
+
+    def build_policy(self) -> Policy:
+        """The `[policy]` section's policy with its options; ValueError naming `policy.KEY`."""
+        if not isinstance(self.policy_options, dict):
+            raise ValueError(f"[policy] options = {self.policy_options!r}: must be a table")
+        return build_policy(self.policy, self.policy_options, "policy")
 
     def optim(self) -> OptimConfig:
         return OptimConfig(lr=float(self.lr), weight_decay=float(self.weight_decay))
@@ -204,6 +224,9 @@ class TrainConfig:
             if not isinstance(body, dict):
                 raise ValueError(f"[{sec}] must be a table")
             for key, value in body.items():
+                if sec == "policy" and key != "name":  # an option, checked by `build_policy`
+                    kwargs.setdefault("policy_options", {})[key] = value
+                    continue
                 if key not in SECTIONS[sec]:
                     raise ValueError(f"unknown key {sec}.{key}; allowed: {', '.join(SECTIONS[sec])}")
                 kwargs[SECTIONS[sec][key]] = value

@@ -39,6 +39,8 @@ from collections.abc import Callable
 import torch.distributed as dist
 
 from resihp.core.plan import Plan
+from resihp.sched.base import Policy
+from resihp.sched.ours import ResiHP
 
 from .boundaries import Boundaries
 from .calibrate import calibrate_hardware
@@ -48,11 +50,12 @@ from .launch import JobSpec, _gather
 from .liveness import HEARTBEAT_TIMEOUT_S, START_TIMEOUT_S, JoinBarrier, Liveness, go_key
 from .member import decision_key, faults_key, plan_key
 from .processes import Processes
-from .reconfig import grow_plan, replan_after_slow
+from .reconfig import grow_plan, planning_context, replan_after_slow
 from .recovery import close_recovery, plan_after_stop
 from .slowwatch import SlowWatch, slow_event
 
 ABORT_GRACE_S = 5.0  # a reported collective failure with no dead process after this -> WorkerFailed
+DEFAULT_POLICY = ResiHP()  # policies are pure: one instance serves every run
 
 
 def launch_elastic(
@@ -63,7 +66,7 @@ def launch_elastic(
     replans: list[tuple[int, Plan]] | tuple = (),
     on_commit: Callable[[int, Plan, list[dict]], None] | None = None,
     detect_slow: bool = False,
-    policy: str | None = "resihp",
+    policy: Policy | None = DEFAULT_POLICY,
     heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
     start_timeout_s: float = START_TIMEOUT_S,
     devices_per_node: int | None = None,
@@ -76,16 +79,17 @@ def launch_elastic(
     replica -> full state dict of the final plan (with `job.return_state`), "events", "plans",
     "pids": every agent and member process}. With `detect_slow`, committed iterations' compute
     (and, with `job.link_mb_per_s`, P2P transfer) timings go to `SlowWatch`; its new `fail-slow` /
-    `link-slow` reports go to the scheduler `policy` (`reconfig.replan_after_slow`; None or no
-    usable plan: the `rebalance_slow` rule), whose plan runs from the next iteration boundary on.
+    `link-slow` reports go to the scheduler `policy` (a `resihp.sched.Policy`;
+    `reconfig.replan_after_slow`; None or no usable plan: the `rebalance_slow` rule), whose plan
+    runs from the next iteration boundary on.
     After a fail-stop, generation g+1 comes from the `policy` too (`reconfig.replan_after_stop`;
     None: the `shrink_plan` rule).
     A member silent for `heartbeat_timeout_s` is killed (then a fail-stop); one with no heartbeat
     `start_timeout_s` after its spawn fails the job. Devices `d` with the same `d // devices_per_node`
     (None: all) form a node with one agent; a node whose agent dies or goes silent loses them all.
-    `faults` (`faults.validate_faults`) may be time-keyed (resolved at commits: `TimedFaults`); the
-    result's "faults" lists (fault as given, iteration it took effect at, seconds on the clock) of
-    each time-keyed one that was resolved.
+    `faults` (checked by `core.faults.check_faults`) may be time-keyed (resolved at commits:
+    `TimedFaults`); the result's "faults" lists (fault as given, iteration it took effect at,
+    seconds on the clock) of each time-keyed one that was resolved.
     """
     return Controller(
         plan, job, faults=faults, replans=replans, on_commit=on_commit, detect_slow=detect_slow,
@@ -112,12 +116,13 @@ class Controller:
         replans,
         on_commit: Callable[[int, Plan, list[dict]], None] | None,
         detect_slow: bool,
-        policy: str | None,
+        policy: Policy | None,
         heartbeat_timeout_s: float,
         start_timeout_s: float,
         devices_per_node: int | None,
     ) -> None:
         self.plan, self.job, self.on_commit, self.policy = plan, job, on_commit, policy
+        self.devices_per_node = devices_per_node
         self.end = job.start_iteration + job.iterations
         self.timed = TimedFaults(faults, job.start_iteration, self.end)
         self.due = Boundaries(replans, self.timed.faults, self.end)
@@ -189,8 +194,15 @@ class Controller:
             "faults": self.timed.injected,
         }
 
+    def context(self):
+        """What the policy plans for: generation 0's plan and the workload on this run's node layout,
+        of the hardware the watch calibrated (the `cpu` preset until then), `reconfig.planning_context`."""
+        hardware = None if self.watch is None else self.watch.hardware
+        return planning_context(self.plan, self.job.workload, self.devices_per_node, hardware)
+
     def publish(self, new: Plan, start: int, reason: str = "planned", source: tuple | None = None) -> None:
-        """Generation g+1; `source`: (generation, plan) whose held state the members transfer from."""
+        """Generation g+1 (the controller alone numbers plans); `source`: (generation, plan) whose
+        held state the members transfer from."""
         self.gen, self.cur = self.gen + 1, new.with_changes(generation=self.gen + 1)
         gen, cur = self.gen, self.cur
         self.plans.append(cur)
@@ -225,10 +237,9 @@ class Controller:
                 {"iter": self.it, "kind": "fail-stop", "devices": [d], "cause": cause, "generation": self.gen}
             )
         t0 = time.perf_counter()
-        hardware = None if self.watch is None else self.watch.hardware
         new, reason, source = plan_after_stop(
-            self.plan, self.plans, self.joined_devs, self.members, dead, self.it, self.job, self.policy,
-            hardware, self.events, self.procs.agents.pids,
+            self.context(), self.plans, self.joined_devs, self.members, dead, self.it, self.job, self.policy,
+            self.events, self.procs.agents.pids,
         )  # fmt: skip
         plan_s = time.perf_counter() - t0
         self.publish(new, self.it, reason, source)
@@ -268,7 +279,7 @@ class Controller:
         nxt, reason, joiners = self.due.at(it + 1, gen, self.members)
         if joiners:  # fresh processes for re-joining devices; the plan grows back
             self.members |= set(joiners)
-            nxt = grow_plan(self.plan, nxt or cur, self.members, gen + 1)
+            nxt = grow_plan(self.plan, nxt or cur, self.members)
             self.events.append({"iter": it + 1, "kind": "rejoin", "devices": joiners})
         if nxt is not None:
             self.publish(nxt, it + 1, reason, (gen, cur))
@@ -333,9 +344,8 @@ class Controller:
         if found:  # the scheduler decides (reconfig.replan_after_slow), from it + 1
             known = (watch.speeds, watch.link_factors)
             new, reason = replan_after_slow(
-                self.plan, self.cur, self.members, self.gen + 1, self.job.workload, self.policy, *known,
-                found, hardware=watch.hardware,
-            )  # fmt: skip
+                self.context(), self.cur, self.members, self.policy, *known, found
+            )
             reason = self.due.propose(self.it + 1, new, reason, self.gen)
             self.events.extend(slow_event(r, reason) for r in found)
 

@@ -1,8 +1,11 @@
 """The controller's replanning after a fail-stop, a fail-slow and a re-join (torch-free).
 
-`replan_after_stop` asks the scheduler policy (`resihp.sched.POLICIES`) and falls back to the
-explicit rule below; `replan_after_slow` asks it with the speed and link estimates of fail-slow and
-link-slow reports and falls back to `rebalance_slow` (or keeps the plan).
+`replan_after_stop` asks the scheduler policy (a `resihp.sched.Policy`, built from the train
+config's `[policy]`) and falls back to the explicit rule below; `replan_after_slow` asks it with the
+speed and link estimates of fail-slow and link-slow reports and falls back to `rebalance_slow` (or
+keeps the plan). The policy plans for `planning_context(...)`: the run's generation-0 plan as the
+home plan, its workload, and a Cluster of its real node layout and hardware. Every function here
+returns plans; the controller numbers them (the generation of a returned plan means nothing).
 
 `shrink_plan(plan, dead)`: every stage that lost devices keeps its survivors as a smaller TP
 group (heads and FFN columns re-split evenly over them, the ResiHP move: no spare needed); a stage
@@ -20,13 +23,46 @@ from __future__ import annotations
 from resihp.core.cluster import Cluster
 from resihp.core.plan import Plan, build_stage, even_split
 from resihp.core.report import FailureReport
-from resihp.core.scenario import Job
-from resihp.sched import POLICIES
+from resihp.core.workload import Workload
+from resihp.sched.base import Policy, same_work
+from resihp.sched.context import PlanningContext
 
 
-def shrink_plan(plan: Plan, dead: set[int] | list[int], generation: int, absorb: bool = False) -> Plan:
-    """The plan over the survivors of `dead` as generation `generation`; ValueError if none fits
-    (with `absorb`, when every replica lost a whole stage, `_absorb` merges layers instead)."""
+def planning_context(
+    home: Plan, workload: Workload, devices_per_node: int | None = None, hardware=None
+) -> PlanningContext:
+    """What the policy plans for: `home` (generation 0) and `workload` as the run has them, on a
+    Cluster of nodes of `devices_per_node` devices (None: one node holds every device, as the
+    controller starts one agent for all) of `hardware` (a `Hardware`, e.g.
+    `calibrate.calibrate_hardware`'s, or a preset name; None: the `cpu` preset, the CPU workers'
+    own). Device ids past the last one the run has (the last node's tail) do not exist: dead."""
+    n = max((*home.devices(), *home.standby)) + 1
+    per = devices_per_node or n
+    nodes = -(-n // per)
+    alive = tuple(d < n for d in range(nodes * per))
+    return PlanningContext(home, workload, Cluster(nodes, per, hardware or "cpu", alive=alive))
+
+
+def live_view(ctx: PlanningContext, members: set[int], speeds=None, links=None) -> Cluster:
+    """The context's cluster as the controller sees it: `alive` = the live `members`, each device's
+    speed and each link's bandwidth estimate (clipped into (0, 1])."""
+    n = ctx.cluster.num_devices
+    cluster = Cluster(
+        ctx.cluster.nodes,
+        ctx.cluster.gpus_per_node,
+        ctx.cluster.gpu,
+        alive=tuple(d in members for d in range(n)),
+    )
+    for d, p in (speeds or {}).items():
+        cluster = cluster.with_speed(d, min(max(p, 1e-3), 1.0))
+    for (a, b), f in (links or {}).items():
+        cluster = cluster.with_link(a, b, min(max(f, 1e-3), 1.0))
+    return cluster
+
+
+def shrink_plan(plan: Plan, dead: set[int] | list[int], absorb: bool = False) -> Plan:
+    """The plan over the survivors of `dead`; ValueError if none fits (with `absorb`, when every
+    replica lost a whole stage, `_absorb` merges layers instead)."""
     dead = set(dead)
     replicas, kept, standby = [], [], set(plan.standby) - dead
     for d, stages in enumerate(plan.replicas):
@@ -41,7 +77,7 @@ def shrink_plan(plan: Plan, dead: set[int] | list[int], generation: int, absorb:
         kept.append(d)
     if not replicas:
         if absorb:
-            return _absorb(plan, dead, generation)
+            return _absorb(plan, dead)
         raise ValueError(f"devices {sorted(dead)} took out every replica: nothing left to train on")
     if len(kept) == len(plan.replicas):
         microbatches, assignment = plan.microbatches, plan.assignment
@@ -50,18 +86,10 @@ def shrink_plan(plan: Plan, dead: set[int] | list[int], generation: int, absorb:
             raise ValueError("a replica with migrated micro-batches was lost: not supported yet")
         microbatches = even_split(plan.global_microbatches, len(kept))
         assignment = ()
-    return Plan(
-        plan.model,
-        tuple(replicas),
-        microbatches,
-        plan.schedule,
-        assignment,
-        tuple(sorted(standby)),
-        generation,
-    )
+    return Plan(plan.model, tuple(replicas), microbatches, plan.schedule, assignment, tuple(sorted(standby)))
 
 
-def _absorb(plan: Plan, dead: set[int], generation: int) -> Plan:
+def _absorb(plan: Plan, dead: set[int]) -> Plan:
     """Every replica lost a whole stage (e.g. dp = 1): the first replica with survivors goes on, each
     of its dead stages' layers merged into the preceding surviving stage (the following one for a
     dead first stage); every other survivor goes to standby. The lost state comes from snapshots
@@ -84,14 +112,12 @@ def _absorb(plan: Plan, dead: set[int], generation: int) -> Plan:
             used = {dev for a, _, _ in merged for dev in a}
             alive = set(plan.devices()) | set(plan.standby)
             standby = tuple(sorted(alive - dead - used))
-            return Plan(
-                plan.model, (replica,), (plan.global_microbatches,), plan.schedule, (), standby, generation
-            )
+            return Plan(plan.model, (replica,), (plan.global_microbatches,), plan.schedule, (), standby)
     raise ValueError(f"devices {sorted(dead)} took out every replica: nothing left to train on")
 
 
 def rebalance_slow(
-    plan: Plan, device: int, speed: float, generation: int, known: dict[int, float] | None = None
+    plan: Plan, device: int, speed: float, known: dict[int, float] | None = None
 ) -> Plan | None:
     """The plan with `device`'s stage re-split in proportion to speeds (the slow member gets fewer
     heads and FFN columns: ResiHP's uneven TP); None when the stage has no TP peer to shift work to
@@ -112,109 +138,75 @@ def rebalance_slow(
         return None
     stages = tuple(new if k == i else s for k, s in enumerate(plan.replicas[d]))
     replicas = tuple(stages if k == d else r for k, r in enumerate(plan.replicas))
-    return plan.with_changes(replicas=replicas, generation=generation)
+    return plan.with_changes(replicas=replicas)
 
 
-def grow_plan(initial: Plan, current: Plan, alive: set[int], generation: int) -> Plan:
+def grow_plan(initial: Plan, current: Plan, alive: set[int]) -> Plan:
     """After a re-join: the initial plan's layout once all its devices are alive again, otherwise the
     current plan with the newcomers on standby (state follows either way, `transfer`)."""
     base = initial if set(initial.devices()) <= alive else current
-    return base.with_changes(generation=generation, standby=tuple(sorted(alive - set(base.devices()))))
+    return base.with_changes(standby=tuple(sorted(alive - set(base.devices()))))
 
 
 def replan_after_stop(
-    initial: Plan,
-    current: Plan,
-    members: set[int],
-    generation: int,
-    workload,
-    policy: str | None,
-    absorb: bool = False,
-    hardware=None,
+    ctx: PlanningContext, current: Plan, members: set[int], policy: Policy | None, absorb: bool = False
 ) -> tuple[Plan, str]:
-    """(plan of `generation` over the live `members`, why): the scheduler policy's plan (architecture
-    §1: the Scheduler decides, the runtime executes), or `shrink_plan` when `policy` is None or the
-    policy aborts or returns a plan the runtime cannot take (a dead device, another global batch).
-    `hardware`: what the policy plans on (a `Hardware`, e.g. `calibrate.calibrate_hardware`'s, or a
-    preset name; None: the `cpu` preset)."""
+    """(plan over the live `members`, why): the scheduler policy's plan (architecture §1: the
+    Scheduler decides, the runtime executes), or `shrink_plan` when `policy` is None or the policy
+    aborts or returns a plan the runtime cannot take (a dead device, another global batch)."""
     dead = set(current.devices()) - members
+    reason = ""
     if policy is not None:
-        job, cluster = _policy_inputs(initial, current, members, workload, {}, {}, hardware)
-        decision = POLICIES[policy]().adapt(
-            job, current, cluster, [FailureReport("fail-stop", tuple(sorted(dead)))]
-        )
+        report = FailureReport("fail-stop", tuple(sorted(dead)))
+        decision = policy.adapt(ctx, current, live_view(ctx, members), [report])
         why = _unusable(decision.plan, current, members)
         if why is None:
-            return _adopt(decision.plan, members, generation), decision.reason
-        reason = f"{policy} gave no usable plan ({decision.reason}{why}); "
-    else:
-        reason = ""
-    return shrink_plan(current, dead, generation, absorb), reason + "shrink: survivors keep their stages"
+            return _adopt(decision.plan, members), decision.reason
+        reason = f"{policy.name} gave no usable plan ({decision.reason}{why}); "
+    return shrink_plan(current, dead, absorb), reason + "shrink: survivors keep their stages"
 
 
 def replan_after_slow(
-    initial: Plan,
+    ctx: PlanningContext,
     current: Plan,
     members: set[int],
-    generation: int,
-    workload,
-    policy: str | None,
+    policy: Policy | None,
     speeds: dict[int, float],
     links: dict[tuple[int, int], float],
     reports: list[FailureReport],
-    hardware=None,
 ) -> tuple[Plan | None, str]:
-    """(plan of `generation`, or None to keep `current`; why) after fail-slow / link-slow `reports`.
+    """(plan, or None to keep `current`; why) after fail-slow / link-slow `reports`.
 
     `speeds` / `links`: every device's speed and link's bandwidth estimate so far, the reports'
-    included (compound, `SlowWatch.admit`). The scheduler `policy` plans with them on a one-node
-    cluster of `hardware` (None: the `cpu` preset; the controller passes one calibrated from the
-    run's baseline iteration, `calibrate.py`); its plan is taken when it uses live members only,
-    keeps the global micro-batch count, differs from `current`, and differs from the plan the
-    policy gives without these reports (the estimates before them) — a plan it would pick anyway
-    (its cost model may prefer another layer split of a healthy job, say) is no answer to this
-    failure. Otherwise, and with `policy` None, each slow device's TP stage is re-split by speed
-    (`rebalance_slow`); a slow link has no rule.
+    included (compound, `SlowWatch.admit`). The scheduler `policy` plans with them, once; its plan is
+    taken when it uses live members only, keeps the global micro-batch count, differs from
+    `current`, and is an answer to these reports (`Decision.prompted`: on the estimates before them
+    the policy would not switch to it — a plan it would pick anyway, its cost model preferring
+    another layer split of a healthy job, say, is no answer to this failure). Otherwise, and with
+    `policy` None, each slow device's TP stage is re-split by speed (`rebalance_slow`); a slow link
+    has no rule.
     """
     reason = ""
     if policy is not None:
-        job, cluster = _policy_inputs(initial, current, members, workload, speeds, links, hardware)
-        decision = POLICIES[policy]().adapt(job, current, cluster, list(reports))
+        view = live_view(ctx, members, speeds, links)
+        before = live_view(ctx, members, *_before(speeds, links, reports))
+        decision = policy.adapt(ctx, current, view, list(reports), before=before)
         new, why = decision.plan, _unusable(decision.plan, current, members)
         if why is not None:
-            reason = f"{policy} gave no usable plan ({decision.reason}{why}); "
-        elif _same_work(new, current):
+            reason = f"{policy.name} gave no usable plan ({decision.reason}{why}); "
+        elif same_work(new, current):
             reason = f"{decision.reason} keeps the current plan; "
+        elif not decision.prompted:
+            reason = f"{decision.reason}, a plan it would switch to without these reports too; "
         else:
-            before = _before(speeds, links, reports)
-            _, calm = _policy_inputs(initial, current, members, workload, *before, hardware)
-            other = POLICIES[policy]().adapt(job, current, calm, []).plan
-            if other is not None and _same_work(new, other):
-                reason = f"{decision.reason}, its plan without these reports too; "
-            else:
-                return _adopt(new, members, generation), decision.reason
+            return _adopt(new, members), decision.reason
     new = current
     for rep in reports:
         if rep.kind == "fail-slow":
-            new = rebalance_slow(new, rep.devices[0], rep.severity, generation, speeds) or new
+            new = rebalance_slow(new, rep.devices[0], rep.severity, speeds) or new
     if new is current:
         return None, reason + "no rule for this failure (a TP-1 stage or a link): no replan"
-    return new.with_changes(generation=generation), reason + "rebalance: uneven TP split by speed"
-
-
-def _policy_inputs(initial: Plan, current: Plan, members: set[int], workload, speeds, links, hardware=None):
-    """(Job, Cluster) for a scheduler policy: one node of `hardware` (None: `cpu`), `alive` =
-    members, the estimates."""
-    n = max(members | set(initial.devices()) | set(current.devices())) + 1
-    cluster = Cluster(1, n, hardware or "cpu", alive=tuple(d in members for d in range(n)))
-    for d, p in speeds.items():
-        cluster = cluster.with_speed(d, min(max(p, 1e-3), 1.0))
-    for (a, b), f in links.items():
-        cluster = cluster.with_link(a, b, min(max(f, 1e-3), 1.0))
-    first = initial.replicas[0]
-    tp = max(st.tp for st in first)
-    job = Job(initial.model, cluster, workload, tp, len(first), initial.dp, initial.schedule)
-    return job, cluster
+    return new, reason + "rebalance: uneven TP split by speed"
 
 
 def _before(speeds: dict, links: dict, reports: list[FailureReport]) -> tuple[dict, dict]:
@@ -236,10 +228,6 @@ def _unusable(new: Plan | None, current: Plan, members: set[int]) -> str | None:
     return None
 
 
-def _adopt(new: Plan, members: set[int], generation: int) -> Plan:
-    """The policy's plan as generation `generation`, every other live member on standby."""
-    return new.with_changes(generation=generation, standby=tuple(sorted(members - set(new.devices()))))
-
-
-def _same_work(a: Plan, b: Plan) -> bool:
-    return (a.replicas, a.microbatches, a.assignment) == (b.replicas, b.microbatches, b.assignment)
+def _adopt(new: Plan, members: set[int]) -> Plan:
+    """The policy's plan with every other live member on standby."""
+    return new.with_changes(standby=tuple(sorted(members - set(new.devices()))))

@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 
 from resihp.core.plan import Plan
+from resihp.sched.base import Policy
+from resihp.sched.context import PlanningContext
 
 from .launch import JobSpec, WorkerFailed
 from .liveness import source_generation
@@ -20,26 +22,26 @@ from .transfer import source_stages
 
 
 def plan_after_stop(
-    plan: Plan,
+    ctx: PlanningContext,
     plans: list[Plan],
     joined: dict[int, set[int]],
     members: set[int],
     dead: list[int],
     it: int,
     job: JobSpec,
-    policy: str | None,
-    hardware,
+    policy: Policy | None,
     events: list[dict],
     pids: list[int],
 ) -> tuple[Plan, str, tuple | None]:
-    """Generation `len(plans)`'s plan over the survivors `members` after `dead` stopped at iteration
+    """The next generation's plan over the survivors `members` after `dead` stopped at iteration
     `it`, the policy's reason, and its `source`: (generation, plan) whose held state the members
     transfer from, None to start from the seed / checkpoint.
 
-    `plan` is generation 0's, `plans` every generation's, `joined` generation -> members that
-    completed its join. Every tensor must have a complete live copy in the source state
-    (`transfer.source_stages`); with `job.snapshots` a lost stage's snapshot holders count (event
-    `snapshot-restore`, appended to `events`), else WorkerFailed (carrying `pids`).
+    `ctx` is what the `policy` plans for (`reconfig.planning_context`), `plans` every generation's,
+    `joined` generation -> members that completed its join. Every tensor must have a complete live
+    copy in the source state (`transfer.source_stages`); with `job.snapshots` a lost stage's
+    snapshot holders count (event `snapshot-restore`, appended to `events`), else WorkerFailed
+    (carrying `pids`).
     """
     # the state survivors hold: of cur, or of an earlier generation when cur's rebuild failed
     src = source_generation([p.devices() for p in plans], joined, members)
@@ -60,9 +62,7 @@ def plan_after_stop(
         lost = sorted(d for d in base.devices() if d not in members)
         used = sorted({hold[d] for d in lost if d in hold})
         events.append({"iter": it, "kind": "snapshot-restore", "devices": used, "lost": lost})
-    new, reason = replan_after_stop(
-        plan, base, members, len(plans), job.workload, policy, absorb=job.snapshots, hardware=hardware
-    )
+    new, reason = replan_after_stop(ctx, base, members, policy, absorb=job.snapshots)
     return new, reason, None if src is None else (src, base)
 
 

@@ -21,6 +21,7 @@ import time
 
 from resihp.core.plan import Plan
 from resihp.model.loss import iteration_loss
+from resihp.sched.base import Policy
 
 from .config import TrainConfig, check_fits, check_run
 from .controller import launch_elastic
@@ -28,6 +29,7 @@ from .dirlock import acquire
 from .launch import JobSpec
 
 TRACE_VERSION = 1
+FROM_CONFIG = object()  # run_training's `policy` default: the config's [policy]
 
 
 class Progress:
@@ -96,8 +98,7 @@ def run_training(
     progress: bool = True,
     return_state: bool = False,
     replans: list[tuple[int, Plan]] | tuple = (),
-    detect_slow: bool = False,
-    policy: str | None = "resihp",
+    policy: Policy | None | object = FROM_CONFIG,
     resume: str | None = None,
 ) -> dict:
     """Train `config` (default: the embedded job) under `plan` (default: `config.plan()`).
@@ -109,8 +110,10 @@ def run_training(
     Every job runs on the elastic runtime (`controller.launch_elastic`): `config.faults` (a faults
     TOML) are injected, `replans` ([(iteration, Plan)]) switch plans at iteration boundaries,
     fail-stops are recovered without restart, and `events` records what happened;
-    `detect_slow` also detects slow devices from live timings and re-splits their TP stage;
-    `policy` is the scheduler policy that replans after a fail-stop (None: `reconfig.shrink_plan`).
+    `config.detect_slow` also detects slow devices and links from live timings and replans.
+    The scheduler policy that replans is the config's `[policy]` (`config.build_policy()`);
+    `policy` overrides it, None for the runtime's own rules (`reconfig.shrink_plan`,
+    `reconfig.rebalance_slow`).
 
     `config.checkpoint_every` saves the committed state periodically (`checkpoint.py`); `resume`
     (a checkpoint directory, or a `checkpoint_dir` with a `latest`) restarts the job from it under
@@ -169,8 +172,8 @@ def run_training(
             faults=faults,
             replans=replans,
             on_commit=on_commit,
-            detect_slow=detect_slow,
-            policy=policy,
+            detect_slow=config.detect_slow,
+            policy=config.build_policy() if policy is FROM_CONFIG else policy,
             heartbeat_timeout_s=float(config.heartbeat_timeout_s),
             devices_per_node=config.devices_per_node,
         )

@@ -1,9 +1,10 @@
-"""Shared planning steps: TP groups from the job's initial positions, standbys, snapshot fallback,
+"""Shared planning steps: TP groups from the home plan's positions, standbys, snapshot fallback,
 and assembling a Plan.
 
-Planning is stateless in the device layout: every decision starts from the job's initial (uniform)
-positions and the cluster as it is now, so re-joined or recovered devices return to their places and
-a whole cluster gives back the uniform plan. Per position (replica, stage):
+Planning is stateless in the device layout: every decision starts from the positions of the home
+plan (`PlanningContext.home`: the job's initial plan) and the cluster as it is now, so re-joined or
+recovered devices return to their places and a whole cluster gives back the home plan. Per position
+(replica, stage):
 
 1. `choose(position, live members)` picks the group (eq. 4 for the paper, uneven TP for ours);
    unpicked live members go to their node's standby pool;
@@ -20,19 +21,12 @@ from dataclasses import dataclass
 
 from resihp.core.plan import Plan, Stage
 
-from .model import job_key, memo
-
 Choice = tuple[Stage, float]  # (group with placeholder layers, score; score 0 = hollow)
 
 
-def initial_plan(job) -> Plan:
-    """The job's initial uniform plan (cached: every replan starts from its positions)."""
-    return memo(("initial_plan", job_key(job)), job.initial_plan)
-
-
-def select_groups(job, cluster, choose: Callable[[tuple, list[int]], Choice]):
+def select_groups(ctx, cluster, choose: Callable[[tuple, list[int]], Choice]):
     """Per position (d, i): the chosen Stage (hollow if nothing fits), and the standby pool."""
-    plan0 = initial_plan(job)
+    plan0 = ctx.home
     alive, gpn = cluster.alive, cluster.gpus_per_node
     chosen: dict[tuple[int, int], Choice] = {}
     pool: dict[int, set[int]] = {}
@@ -61,13 +55,13 @@ def select_groups(job, cluster, choose: Callable[[tuple, list[int]], Choice]):
     return chosen, pool
 
 
-def cover_lost_stages(job, chosen, pool, choose) -> list[int]:
+def cover_lost_stages(ctx, chosen, pool, choose) -> list[int]:
     """Snapshot fallback in place: give every stage index at least one live group.
 
     Returns the stage indices rebuilt from the snapshot. Raises ValueError when the live devices
     cannot hold every stage.
     """
-    plan0 = initial_plan(job)
+    plan0 = ctx.home
     dp, pp = plan0.dp, len(plan0.replicas[0])
     rebuilt = []
     for i in range(pp):
@@ -95,7 +89,7 @@ def cover_lost_stages(job, chosen, pool, choose) -> list[int]:
             for s in range(pp):
                 st = chosen[(victim, s)][0]
                 for x in st.devices:
-                    pool.setdefault(x // job.cluster.gpus_per_node, set()).add(x)
+                    pool.setdefault(x // ctx.cluster.gpus_per_node, set()).add(x)
                 chosen[(victim, s)] = (Stage((), st.layers), 0.0)
     return rebuilt
 
@@ -114,7 +108,7 @@ def with_layers(st: Stage, layers: tuple[int, int]) -> Stage:
 class Draft:
     """A plan before its migration moves exist (a Plan with hollow stages needs them to validate)."""
 
-    job: object
+    ctx: object  # the PlanningContext
     replicas: tuple
     microbatches: tuple
     standby: tuple = ()
@@ -133,18 +127,18 @@ class Draft:
 
     def to_plan(self, moves=(), generation: int = 0) -> Plan:
         return Plan(
-            self.job.model, self.replicas, self.microbatches, self.job.schedule, tuple(moves),
+            self.ctx.model, self.replicas, self.microbatches, self.ctx.schedule, tuple(moves),
             self.standby, generation,
         )  # fmt: skip
 
 
-def assemble(job, chosen, splits, standby=()) -> Draft:
+def assemble(ctx, chosen, splits, standby=()) -> Draft:
     """The draft plan with per-replica layer counts `splits[d]` over the chosen groups."""
-    plan0 = initial_plan(job)
+    plan0 = ctx.home
     replicas = []
     for d, stages in enumerate(plan0.replicas):
         bounds = [sum(splits[d][:k]) for k in range(len(stages) + 1)]
         replicas.append(
             tuple(with_layers(chosen[(d, i)][0], (bounds[i], bounds[i + 1])) for i in range(len(stages)))
         )
-    return Draft(job, tuple(replicas), plan0.microbatches, tuple(standby))
+    return Draft(ctx, tuple(replicas), plan0.microbatches, tuple(standby))

@@ -22,9 +22,8 @@ transfer whose rank pairing uses that pair (PP activations, TP rings, DP gradien
 from __future__ import annotations
 
 from resihp.core.plan import Plan, Stage, split_by_weight
-from resihp.sim.timing import pipeline_key
 
-from .model import iteration_time
+from .model import iteration_time, pipeline_key
 
 
 def link_options(view) -> dict:
@@ -32,13 +31,13 @@ def link_options(view) -> dict:
     return {"send_blocks": False} if view.links else {}
 
 
-def link_time(job, plan: Plan, cluster, evaluator: str = "auto") -> float:
+def link_time(ctx, plan: Plan, cluster, evaluator: str = "auto") -> float:
     """Predicted iteration seconds with `link_options` applied (plain ITP when no link is slow)."""
     if not cluster.links or evaluator == "estimate":
-        return iteration_time(job, plan, cluster, evaluator)
+        return iteration_time(ctx, plan, cluster, evaluator)
     from resihp.sim.predict import predict
 
-    return predict(job, plan, cluster, **link_options(cluster)).iteration_s
+    return predict(ctx, plan, cluster, **link_options(cluster)).iteration_s
 
 
 def _slow(cluster) -> dict[tuple[int, int], float]:
@@ -178,24 +177,24 @@ def relink(plan: Plan, cluster, rounds: int = 8, peers: int = 4) -> Plan:
     return plan if best is plan.replicas else plan.with_changes(replicas=best)
 
 
-def reweight(job, plan: Plan, cluster, evaluator: str = "auto") -> Plan:
+def reweight(ctx, plan: Plan, cluster, evaluator: str = "auto") -> Plan:
     """The global batch over replicas in proportion to each replica's rate alone (>= 1 each)."""
     if plan.assignment or plan.dp < 2 or any(st.hollow for r in plan.replicas for st in r):
         return plan
-    m = job.workload.num_microbatches
+    m = ctx.workload.num_microbatches
     rates, cache = [], {}
     for stages in plan.replicas:
         key = pipeline_key(stages, m, cluster)  # replicas alike in structure share one pass
         if key not in cache:
-            alone = Plan(job.model, (stages,), (m,), plan.schedule)
-            cache[key] = m / link_time(job, alone, cluster, evaluator)
+            alone = Plan(ctx.model, (stages,), (m,), plan.schedule)
+            cache[key] = m / link_time(ctx, alone, cluster, evaluator)
         rates.append(cache[key])
     if max(rates) <= min(rates) * 1.001:
         return plan
     return plan.with_changes(microbatches=split_by_weight(plan.global_microbatches, rates, 1))
 
 
-def link_candidates(job, cands: list[tuple[str, Plan]], cluster, evaluator: str = "auto", lean: bool = False):
+def link_candidates(ctx, cands: list[tuple[str, Plan]], cluster, evaluator: str = "auto", lean: bool = False):
     """Candidates plus their relinked and re-weighted variants (only while a slow link is known).
 
     `lean` (large jobs): each candidate but "keep" is replaced by its relinked variant, and no
@@ -209,7 +208,7 @@ def link_candidates(job, cands: list[tuple[str, Plan]], cluster, evaluator: str 
         variants = [(label, cand)] if label == "keep" or rl is cand or not lean else []
         variants.append((f"{label}+relink", rl))
         if not lean:
-            variants.append((f"{label}+reweight", reweight(job, rl, cluster, evaluator)))
+            variants.append((f"{label}+reweight", reweight(ctx, rl, cluster, evaluator)))
         for name, var in variants:
             key = (var.replicas, var.microbatches, var.assignment)
             if key not in seen:

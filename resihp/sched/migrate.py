@@ -27,28 +27,28 @@ from resihp.cost import flops
 from .model import memo
 
 
-def mean_chunk_flops(job, plan, iteration: int = 0) -> float:
+def mean_chunk_flops(ctx, plan, iteration: int = 0) -> float:
     """F+B+W FLOPs of one layer for the iteration's mean micro-batch (the unit `costs` scale)."""
-    batch = _batch(job, sum(plan.microbatches), iteration)
-    lin = flops.linear_flops_per_token(job.model) * batch.seq_len
-    return float(3 * lin + 3 * flops.attn_core_flops_per_sq(job.model) * np.mean(batch.sum_sq))
+    batch = _batch(ctx, sum(plan.microbatches), iteration)
+    lin = flops.linear_flops_per_token(ctx.model) * batch.seq_len
+    return float(3 * lin + 3 * flops.attn_core_flops_per_sq(ctx.model) * np.mean(batch.sum_sq))
 
 
-def _batch(job, count: int, iteration: int):
-    return memo(("batch", job.workload, count, iteration), lambda: job.workload.pack(iteration, count))
+def _batch(ctx, count: int, iteration: int):
+    return memo(("batch", ctx.workload, count, iteration), lambda: ctx.workload.pack(iteration, count))
 
 
-def microbatch_costs(job, plan, iteration: int = 0) -> list[list[float]]:
+def microbatch_costs(ctx, plan, iteration: int = 0) -> list[list[float]]:
     """Per replica, the relative F+B+W cost of each micro-batch (mean 1 over the global batch)."""
     mbs = tuple(plan.microbatches)
-    key = ("costs", job.model, job.workload, mbs, iteration)
-    return [list(c) for c in memo(key, lambda: _costs(job, mbs, iteration))]
+    key = ("costs", ctx.model, ctx.workload, mbs, iteration)
+    return [list(c) for c in memo(key, lambda: _costs(ctx, mbs, iteration))]
 
 
-def _costs(job, microbatches: tuple[int, ...], iteration: int) -> tuple[tuple[float, ...], ...]:
-    batch = _batch(job, sum(microbatches), iteration)
-    lin = flops.linear_flops_per_token(job.model) * batch.seq_len
-    att = flops.attn_core_flops_per_sq(job.model) * np.asarray(batch.sum_sq)
+def _costs(ctx, microbatches: tuple[int, ...], iteration: int) -> tuple[tuple[float, ...], ...]:
+    batch = _batch(ctx, sum(microbatches), iteration)
+    lin = flops.linear_flops_per_token(ctx.model) * batch.seq_len
+    att = flops.attn_core_flops_per_sq(ctx.model) * np.asarray(batch.sum_sq)
     total = 3 * lin + 3 * att
     total = total / total.mean()
     out, k = [], 0

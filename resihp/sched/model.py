@@ -29,10 +29,10 @@ _MEMO: dict = {}
 
 
 def job_key(job) -> tuple:
-    """What planning caches depend on; cheap to hash (not the Job, whose Cluster holds per-device
-    tuples that Python re-hashes on every lookup)."""
-    c = job.cluster
-    return (job.model, job.workload, job.tp, job.pp, job.dp, job.schedule, c.gpu, c.nodes, c.gpus_per_node)
+    """What the memory caches below depend on (model, tokens, schedule, hardware); cheap to hash
+    (not the PlanningContext, whose plan and cluster hold per-device tuples that Python re-hashes
+    on every lookup)."""
+    return (job.model, job.workload, job.schedule, job.cluster.gpu)
 
 
 def memo(key, build):
@@ -70,6 +70,17 @@ def group_speed(model, stage: Stage, speed: tuple[float, ...]) -> float:
 
 def stage_work(model, num_layers: int, last: bool) -> float:
     return num_layers + (head_layers(model) if last else 0.0)
+
+
+def pipeline_key(stages, m: int, cluster) -> tuple:
+    """What one pipeline's time depends on: layers, group sizes and speeds, node crossings, slow links."""
+    devs = {x for st in stages for x in st.devices}
+    return (
+        m,
+        tuple((st.layers, st.tp, min(cluster.speed[x] for x in st.devices)) for st in stages),
+        tuple(cluster.same_node(a.devices[0], b.devices[0]) for a, b in zip(stages, stages[1:])),
+        tuple(link for link in cluster.links if link[0] in devs or link[1] in devs),
+    )
 
 
 def n_live(schedule: str, n: int, stage: int, num_stages: int) -> int:
@@ -199,42 +210,3 @@ def iteration_time(job, plan: Plan, cluster, evaluator: str = "auto") -> float:
         else:
             return predict(job, plan, cluster).iteration_s
     return estimate(job, plan, cluster)
-
-
-def proxy_time(job, plan: Plan, cluster, iteration: int = 0) -> float:
-    """Cheap iteration-time estimate (no DAG): the busiest group's work plus one pipeline fill.
-
-    1F1B takes about sum_i t_i + (m - 1)·max_i t_i per replica; with migration the busiest group's
-    total load replaces m·max_i t_i. It leaves out communication and ordering stalls, so it is
-    (about) a lower bound on the ITP; used to rank candidate plans before the full ITP pass.
-    """
-    from .migrate import mean_chunk_flops, microbatch_costs
-
-    unit = mean_chunk_flops(job, plan, iteration) / hardware_preset(cluster.gpu).achieved_flops
-    costs = microbatch_costs(job, plan, iteration)
-    t: dict = {}
-    load: dict = {}
-    for d, stages in enumerate(plan.replicas):
-        for i, st in enumerate(stages):
-            if not st.hollow:
-                t[(d, i)] = (
-                    unit
-                    * stage_work(job.model, st.num_layers, i == len(stages) - 1)
-                    / group_speed(job.model, st, cluster.speed)
-                )
-                load[(d, i)] = 0.0
-    total = [sum(c) for c in costs]
-    for d, stages in enumerate(plan.replicas):
-        for i, st in enumerate(stages):
-            if not st.hollow:
-                load[(d, i)] += total[d] * t[(d, i)]
-    for src, j, i, dst in plan.assignment:
-        c = costs[src][j]
-        if (src, i) in load:
-            load[(src, i)] -= c * t[(src, i)]
-        load[(dst, i)] += c * t[(dst, i)]
-    fill = 0.0
-    for src, stages in enumerate(plan.replicas):
-        ts = [t[(plan.executor(src, 0, i), i)] if plan.microbatches[src] else 0.0 for i in range(len(stages))]
-        fill = max(fill, sum(ts) - max(ts))
-    return max(load.values()) + fill

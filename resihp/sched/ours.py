@@ -3,7 +3,8 @@ most iterations over a horizon once its reconfiguration pause is paid:
 
     score = (horizon_s - pause_s) / predicted iteration_s        (do nothing: pause 0)
 
-Candidates (all from the job's initial positions, so re-joins restore the uniform plan):
+Candidates (TP groups from the home plan's positions, `PlanningContext.home`, so re-joins restore
+it; layer splits from the running plan's where they keep one):
 - "keep": the current plan, when none of its devices died;
 - "paper": the `resihp-paper` plan, so `resihp` is never worse than it by this score (as long as
   the proxy bound below holds; skipped on large jobs, see `_large`);
@@ -29,12 +30,13 @@ import math
 from resihp.core.plan import Plan
 
 from .base import Decision, Policy
-from .layout import assemble, cover_lost_stages, initial_plan, select_groups, standby_of
+from .layout import assemble, cover_lost_stages, select_groups, standby_of
 from .links import link_candidates, link_options, link_time
 from .migrate import balance_stage, microbatch_costs, stage_bottleneck
-from .model import fits_memory, group_speed, head_layers, max_layers, proxy_time
+from .model import fits_memory, group_speed, head_layers, max_layers
 from .paper import ResiHPPaper
 from .partition import minmax_partition
+from .proxy import proxy_time
 from .reconfig import reconfig_cost
 from .tp import uneven_stage
 
@@ -44,7 +46,9 @@ def layer_counts(plan: Plan) -> list[tuple[int, ...]]:
 
 
 class ResiHP(Policy):
-    """Ours. `horizon_s` amortizes reconfiguration pauses (math.inf: pick the fastest plan)."""
+    """Ours: the best of several candidate plans (uneven TP, exact splits, migration) by the ITP.
+
+    `horizon_s` amortizes reconfiguration pauses (math.inf: pick the fastest plan)."""
 
     name = "resihp"
 
@@ -62,9 +66,10 @@ class ResiHP(Policy):
         self.large_chunks = large_chunks
         self.paper = ResiHPPaper(delta=delta, planning_s=planning_s, evaluator=evaluator)
 
-    def chooser(self, job, cluster):
-        plan0 = initial_plan(job)
-        pp, m = len(plan0.replicas[0]), job.workload.num_microbatches
+    def chooser(self, ctx, cluster):
+        """choose(position, live devices) -> (group, speed): the home group as it is while whole
+        and healthy, else an uneven TP group no wider than the home group (tp.uneven_stage)."""
+        plan0 = ctx.home
 
         def choose(pos, live):
             d, i = pos
@@ -72,56 +77,57 @@ class ResiHP(Policy):
             layers = orig.layers
             if tuple(live) == orig.devices and all(cluster.speed[x] == 1.0 for x in live):
                 return orig, float(len(live))  # untouched group: keep it as it is
-            st, _ = uneven_stage(job.model, live, layers, cluster.speed, max_k=job.tp)
-            if st.hollow or max_layers(job, st, i, pp, m, plan0.dp) < 1:
+            st, _ = uneven_stage(ctx.model, live, layers, cluster.speed, max_k=orig.tp)
+            pp, m = len(plan0.replicas[d]), plan0.microbatches[d]
+            if st.hollow or max_layers(ctx, st, i, pp, m, plan0.dp) < 1:
                 return st.__class__((), layers), 0.0
-            return st, group_speed(job.model, st, cluster.speed)
+            return st, group_speed(ctx.model, st, cluster.speed)
 
         return choose
 
-    def candidates(self, job, plan: Plan, cluster) -> list[tuple[str, Plan]]:
+    def candidates(self, ctx, plan: Plan, cluster) -> list[tuple[str, Plan]]:
         out: list[tuple[str, Plan]] = []
         if all(cluster.alive[x] for x in plan.devices()):
             out.append(("keep", plan))
-        if self._include_paper(job):
+        if self._include_paper(ctx):
             try:
-                out.append(("paper", self.paper.plan_for(job, cluster)))
+                out.append(("paper", self.paper.plan_for(ctx, cluster)))
             except ValueError:
                 pass
-        choose = self.chooser(job, cluster)
-        chosen, pool = select_groups(job, cluster, choose)
-        cover_lost_stages(job, chosen, pool, choose)
-        dp, pp, L = job.dp, job.pp, job.model.num_layers
-        m = job.workload.num_microbatches
-        head = head_layers(job.model)
+        choose = self.chooser(ctx, cluster)
+        chosen, pool = select_groups(ctx, cluster, choose)
+        cover_lost_stages(ctx, chosen, pool, choose)
+        dp, pp, L = ctx.dp, ctx.pp, ctx.model.num_layers
+        m = ctx.workload.num_microbatches
+        head = head_layers(ctx.model)
         standby = standby_of(pool)
         v = {g: c[1] for g, c in chosen.items()}
         hollow = any(s <= 0 for s in v.values())
-        caps = {g: max_layers(job, c[0], g[1], pp, m, dp) for g, c in chosen.items()}
+        caps = {g: max_layers(ctx, c[0], g[1], pp, m, dp) for g, c in chosen.items()}
         if not hollow:
             current = layer_counts(plan)
             if len(current) == dp and all(len(c) == pp for c in current):
-                out.append(("exclude", assemble(job, chosen, current, standby).to_plan()))
+                out.append(("exclude", assemble(ctx, chosen, current, standby).to_plan()))
             try:
                 splits = [
                     minmax_partition(L, [v[(d, i)] for i in range(pp)], [caps[(d, i)] for i in range(pp)],
                                      last_cost=head)
                     for d in range(dp)
                 ]  # fmt: skip
-                out.append(("pipeline", assemble(job, chosen, splits, standby).to_plan()))
+                out.append(("pipeline", assemble(ctx, chosen, splits, standby).to_plan()))
             except ValueError:
                 pass
-        if hollow or not self._large(job):  # costing a migrated plan is slow at scale
+        if hollow or not self._large(ctx):  # costing a migrated plan is slow at scale
             try:
-                out.append(("balance", self._balanced(job, chosen, standby, v, caps, cluster)))
+                out.append(("balance", self._balanced(ctx, chosen, standby, v, caps, cluster)))
             except ValueError:
                 pass
-        return link_candidates(job, out, cluster, self.evaluator, lean=self._large(job))
+        return link_candidates(ctx, out, cluster, self.evaluator, lean=self._large(ctx))
 
-    def _balanced(self, job, chosen, standby, v, caps, cluster) -> Plan:
-        dp, pp, L = job.dp, job.pp, job.model.num_layers
-        draft = assemble(job, chosen, [(1,) * (pp - 1) + (L - pp + 1,)] * dp, standby)
-        costs = microbatch_costs(job, draft)
+    def _balanced(self, ctx, chosen, standby, v, caps, cluster) -> Plan:
+        dp, pp, L = ctx.dp, ctx.pp, ctx.model.num_layers
+        draft = assemble(ctx, chosen, [(1,) * (pp - 1) + (L - pp + 1,)] * dp, standby)
+        costs = microbatch_costs(ctx, draft)
         eff, moves = [], []
         for i in range(pp):
             scale = {d: 1.0 / v[(d, i)] if v[(d, i)] > 0 else math.inf for d in range(dp)}
@@ -134,53 +140,67 @@ class ResiHP(Policy):
             eff.append(1.0 / stage_bottleneck(scale, chunks, where))
             moves += [(d, j, i, g) for (d, j), g in where.items() if g != d]
         live_caps = [min(caps[(d, i)] for d in range(dp) if v[(d, i)] > 0) for i in range(pp)]
-        counts = minmax_partition(L, eff, live_caps, last_cost=head_layers(job.model))
-        return assemble(job, chosen, [counts] * dp, standby).to_plan(sorted(moves))
+        counts = minmax_partition(L, eff, live_caps, last_cost=head_layers(ctx.model))
+        return assemble(ctx, chosen, [counts] * dp, standby).to_plan(sorted(moves))
 
-    def _large(self, job) -> bool:
+    def _large(self, ctx) -> bool:
         """More stage-chunks per iteration than `large_chunks`: no paper or migration candidates."""
-        return job.global_microbatches * job.pp > self.large_chunks
+        return ctx.global_microbatches * ctx.pp > self.large_chunks
 
-    def _include_paper(self, job) -> bool:
+    def _include_paper(self, ctx) -> bool:
         """Run the paper's planner as a candidate (default: unless the job is large, see `_large`)."""
-        return not self._large(job) if self.include_paper is None else self.include_paper
+        return not self._large(ctx) if self.include_paper is None else self.include_paper
 
     def _score(self, it: float, pause_s: float):
         if math.isinf(self.horizon_s):
             return (-it, -pause_s)
         return (max(0.0, self.horizon_s - pause_s) / it, -it)
 
-    def choose_plan(self, job, plan: Plan, cluster) -> tuple[str, Plan, float, object]:
-        """(label, plan, predicted iteration s, reconfig) of the best-scoring candidate.
+    def choose_plan(self, ctx, plan: Plan, cluster) -> tuple[str, Plan, float, object]:
+        """(label, plan, predicted iteration s, reconfig) of the best-scoring candidate (`_best`)."""
+        return self._best(ctx, plan, self.candidates(ctx, plan, cluster), cluster)
+
+    def _ranked(self, ctx, plan: Plan, cands, cluster):
+        """(ranked, top): the feasible `cands` ([(label, plan)]) as [(proxy score, label, plan,
+        reconfig from `plan`)], best first (stable: ties keep the candidates' order), and how many
+        of them at most get the full ITP pass.
 
         `proxy_time` mostly under-estimates the ITP (it leaves out communication, bubbles beyond
-        one fill and ordering stalls), so the score it gives is an optimistic bound. Candidates get
-        the full ITP pass (`iteration_time`) in order of that bound, skipping those whose bound
-        cannot beat the best costed plan; `dag_top` caps the passes (0: trust the proxy alone).
-        The paper's plan, when a candidate, is always costed, so `resihp` never scores below it.
-        """
+        one fill and ordering stalls), so the score it gives is an optimistic bound; `dag_top`
+        caps the passes (0: trust the proxy alone); while a link is slow every candidate is
+        costed (the proxy is blind to links), except on large jobs."""
         ranked = []
-        for label, cand in self.candidates(job, plan, cluster):
-            if not fits_memory(job, cand):
+        for label, cand in cands:
+            if not fits_memory(ctx, cand):
                 continue
-            rc = reconfig_cost(job, plan, cand, cluster, self.planning_s)
-            ranked.append((self._score(proxy_time(job, cand, cluster), rc.pause_s), label, cand, rc))
+            rc = reconfig_cost(ctx, plan, cand, cluster, self.planning_s)
+            ranked.append((self._score(proxy_time(ctx, cand, cluster), rc.pause_s), label, cand, rc))
+        ranked.sort(key=lambda r: r[0], reverse=True)
+        top = len(ranked) if cluster.links and not self._large(ctx) else self.dag_top
+        return ranked, top
+
+    def _priced(self, ctx, cand: Plan, rc, cluster) -> tuple[tuple, float]:
+        """(score, predicted iteration s) of `cand` by the full ITP pass (the proxy if dag_top = 0)."""
+        if self.dag_top <= 0:
+            it = proxy_time(ctx, cand, cluster)
+        else:
+            it = link_time(ctx, cand, cluster, self.evaluator)
+        return self._score(it, rc.pause_s), it
+
+    def _best(self, ctx, plan: Plan, cands, cluster) -> tuple[str, Plan, float, object]:
+        """The best of `cands` ([(label, plan)]) for switching from `plan` on `cluster`: candidates
+        get the full ITP pass in order of their proxy bound (`_ranked`), skipping those whose bound
+        cannot beat the best costed plan; the paper's plan, when a candidate, is always costed, so
+        `resihp` never scores below it. Of equal scores the earlier candidate wins."""
+        ranked, top = self._ranked(ctx, plan, cands, cluster)
         if not ranked:
             raise ValueError("no feasible plan for the live devices")
-        ranked.sort(key=lambda r: r[0], reverse=True)
-        if self.dag_top <= 0:
-            _, label, cand, rc = ranked[0]
-            return label, cand, proxy_time(job, cand, cluster), rc
-        top = self.dag_top
-        if cluster.links and not self._large(job):  # the proxy is blind to links: cost every variant
-            top = len(ranked)
         best = None
         for k, (bound, label, cand, rc) in enumerate(ranked):
-            pruned = best is not None and (k >= top or bound <= best[0])
+            pruned = best is not None and (k >= max(top, 1) or bound <= best[0])
             if pruned and label != "paper":  # the paper's plan is always costed: never worse
                 continue
-            it = link_time(job, cand, cluster, self.evaluator)
-            score = self._score(it, rc.pause_s)
+            score, it = self._priced(ctx, cand, rc, cluster)
             if best is None or score > best[0]:
                 best = (score, label, cand, it, rc)
         return best[1], best[2], best[3], best[4]
@@ -189,9 +209,25 @@ class ResiHP(Policy):
         """PP transfers over the CPU path while a slow link is known (links.py)."""
         return link_options(view)
 
-    def adapt(self, job, plan, cluster, reports) -> Decision:
+    def wins(self, ctx, plan: Plan, new: Plan, others, cluster) -> bool:
+        """`new` scores above keeping `plan` and above each of `others` on `cluster` (a tie goes to
+        the rival). Rivals are priced as in `_best` (`_ranked`): in order of their proxy bound,
+        while it reaches `new`'s score (keeping `plan` and the paper's plan always); the first
+        that reaches `new`'s score ends the check."""
+        rc_new = reconfig_cost(ctx, plan, new, cluster, self.planning_s)
+        mine, _ = self._priced(ctx, new, rc_new, cluster)
+        ranked, top = self._ranked(ctx, plan, [("keep", plan), *others], cluster)
+        for k, (bound, label, cand, rc) in enumerate(ranked):
+            if label not in ("keep", "paper") and (k >= top or bound < mine):
+                continue
+            if self._priced(ctx, cand, rc, cluster)[0] >= mine:
+                return False
+        return True
+
+    def decide(self, ctx, plan, cluster, reports) -> Decision:
         try:
-            label, new, it, rc = self.choose_plan(job, plan, cluster)
+            cands = self.candidates(ctx, plan, cluster)
+            label, new, it, rc = self._best(ctx, plan, cands, cluster)
         except ValueError as exc:
             return Decision(None, reason=f"abort: {exc}")
         same = new is plan or (new.replicas == plan.replicas and new.assignment == plan.assignment)
@@ -199,4 +235,4 @@ class ResiHP(Policy):
             new = plan
         else:
             new = new.with_changes(generation=plan.generation + 1, schedule=plan.schedule)
-        return Decision(new, rc, it, f"resihp: {label}")
+        return Decision(new, rc, it, f"resihp: {label}", weighed=tuple(cands))

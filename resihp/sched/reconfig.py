@@ -46,11 +46,11 @@ def _source(old: Plan, bounds, alive, replica: int, layer: int) -> int:
     return SNAPSHOT
 
 
-def reconfig_cost(job, old: Plan, new: Plan, cluster, planning_s: float = 0.0) -> Reconfig:
+def reconfig_cost(ctx, old: Plan, new: Plan, cluster, planning_s: float = 0.0) -> Reconfig:
     """Groups to rebuild, state to move and the pause for switching from `old` to `new`."""
     if old.replicas == new.replicas and old.assignment == new.assignment:
         return Reconfig()
-    model = job.model
+    model = ctx.model
     hw = hardware_preset(cluster.gpu)
     held = _holdings(old)
     bounds = [[st.layers[0] for st in stages] for stages in old.replicas]

@@ -10,7 +10,8 @@ policy replans) and after an abort. Semantics:
 - a Decision pauses training for `reconfig.pause_s` plus the fail-slow validation pause plus
   `reconfig.lost_work_s` (lost work is redone, i.e. costs its length again);
 - false alarms arrive as a seeded Poisson count uniformly over the run, each a pause;
-- a policy with `escalations(job, plan, view) -> [Decision]` (Greyhound's ladder) climbs one rung
+- policies plan for the scenario's `PlanningContext` (its uniform plan, workload and cluster);
+- a policy whose `escalations(ctx, plan, view)` gives rungs (Greyhound's ladder) climbs one rung
   by ski rental: once the throughput lost by not escalating equals what the rung's pause costs;
 - runs given in iterations last `iterations · t0` seconds (t0 = the uniform plan's iteration time);
 - the capacity bound is X0 · Σ live speed / N, X0 = `fault_free_samples_per_s`: the best healthy
@@ -29,8 +30,9 @@ from dataclasses import dataclass, field, replace
 
 from resihp.core.report import FailureReport
 from resihp.core.scenario import Scenario
+from resihp.sched.context import PlanningContext
+from resihp.sched.registry import POLICIES, check_name
 
-from .detection import detector_for
 from .faultgen import generate
 from .timing import PlanTimer
 from .trace import TraceEvent, build_trace
@@ -71,7 +73,8 @@ def fault_free_samples_per_s(job, timer: PlanTimer) -> float:
 
         plans = [job.initial_plan()]
         try:
-            plans.append(ResiHP(horizon_s=math.inf).choose_plan(job, plans[0], job.cluster)[1])
+            ctx = PlanningContext.of_job(job)
+            plans.append(ResiHP(horizon_s=math.inf).choose_plan(ctx, plans[0], job.cluster)[1])
         except ValueError:
             pass
         x0 = max(
@@ -103,10 +106,11 @@ _ORDER = {"fail-stop": 0, "rejoin": 1, "fail-slow": 2, "link-slow": 3, "recovere
 class _Run:
     def __init__(self, scenario: Scenario, policy, seed: int, timer: PlanTimer, faults):
         self.job = job = scenario.job
+        self.ctx = PlanningContext.of_job(job)
         self.policy = policy
         self.timer = timer
-        self.det = detector_for(policy, job)
-        self.plan = policy.initial_plan(job, job.cluster)
+        self.det = policy.detector(self.ctx)
+        self.plan = policy.initial_plan(self.ctx, job.cluster)
         self.t0 = timer.iteration_s(job.initial_plan(), job.cluster)
         self.x0 = fault_free_samples_per_s(job, timer)
         self.horizon = horizon_s(scenario, self.t0)
@@ -137,8 +141,7 @@ class _Run:
         return self.timer.samples_per_s(self.plan, self.true, self.options())
 
     def options(self) -> dict:
-        opts = getattr(self.policy, "cost_options", None)
-        return opts(self.view) if callable(opts) else {}
+        return self.policy.cost_options(self.view)
 
     def advance(self, t_end: float, t: float) -> float:
         """Integrate samples and the capacity bound from t to t_end; return t_end."""
@@ -193,7 +196,7 @@ class _Run:
         for r in reports:
             self.view = _view(self.view, r)
             self.pending.pop(r.link if r.link is not None else r.devices[0], None)
-        decision = self.policy.adapt(self.job, self.plan, self.view, reports)
+        decision = self.policy.adapt(self.ctx, self.plan, self.view, reports)
         slow = any(r.kind in ("fail-slow", "link-slow") for r in reports)
         self._apply(t, decision, "replan", reports, self.det.validation_pause_s if slow else 0.0)
 
@@ -213,11 +216,11 @@ class _Run:
         self._schedule_escalation()
 
     def _schedule_escalation(self) -> None:
-        ladder = getattr(self.policy, "escalations", None)
-        if not callable(ladder):
+        ladder = self.policy.escalations(self.ctx, self.plan, self.view)
+        if not ladder:
             return
         now = self.timer.samples_per_s(self.plan, self.view, self.options(), quick=True)
-        for d in ladder(self.job, self.plan, self.view):
+        for d in ladder:
             nxt = self.timer.samples_per_s(d.plan, self.view, self.options(), quick=True) if d.plan else 0.0
             if nxt > now * 1.001:
                 cost = now * (d.reconfig.pause_s + d.reconfig.lost_work_s)
@@ -301,17 +304,13 @@ def plan_at(scenario: Scenario, policy_name: str, at_s: float, seed: int | None 
     or before `at_s` is handled (faults, detections, replans, escalations), None once it aborted,
     and the true cluster then (a fault not yet detected is in the cluster, not yet in the plan).
     """
-    from .compare import policy_registry
-
     if at_s < 0:
         raise ValueError(f"at_s = {at_s!r}: must be >= 0")
-    registry = policy_registry()
-    if policy_name not in registry:
-        raise ValueError(f"policy = {policy_name!r}: unknown; allowed: {', '.join(sorted(registry))}")
+    check_name(policy_name)
     seed = scenario.job.workload.seed if seed is None else seed
     scenario = with_seed(scenario, seed)
     timer = PlanTimer(scenario.job, seed)
     t0 = timer.iteration_s(scenario.job.initial_plan(), scenario.job.cluster)
-    run = _Run(scenario, registry[policy_name](), seed, timer, scenario_faults(scenario, timer, seed, t0))
+    run = _Run(scenario, POLICIES[policy_name](), seed, timer, scenario_faults(scenario, timer, seed, t0))
     run.run_until(at_s)
     return (None if run.aborted else run.plan), run.true

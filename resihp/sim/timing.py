@@ -16,6 +16,7 @@ import numpy as np
 from resihp.core.cluster import Cluster
 from resihp.core.plan import Plan
 from resihp.core.scenario import Job
+from resihp.sched.model import pipeline_key
 
 
 def _by_classes(job, plan: Plan, cluster: Cluster, iteration: int, **options) -> float | None:
@@ -56,17 +57,6 @@ def _by_classes(job, plan: Plan, cluster: Cluster, iteration: int, **options) ->
         done[st.layers] + whole.allreduce_s.get((d, i), 0.0) + whole.step_s
         for d, stages in enumerate(plan.replicas)
         for i, st in enumerate(stages)
-    )
-
-
-def pipeline_key(stages, m: int, cluster: Cluster) -> tuple:
-    """What one pipeline's time depends on: layers, group sizes and speeds, node crossings, slow links."""
-    devs = {x for st in stages for x in st.devices}
-    return (
-        m,
-        tuple((st.layers, st.tp, min(cluster.speed[x] for x in st.devices)) for st in stages),
-        tuple(cluster.same_node(a.devices[0], b.devices[0]) for a, b in zip(stages, stages[1:])),
-        tuple(link for link in cluster.links if link[0] in devs or link[1] in devs),
     )
 
 

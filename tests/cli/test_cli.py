@@ -80,13 +80,18 @@ def test_bad_input_exits_2_with_one_line(tmp_path, old, new, key):
     assert len(lines) == 1 and key in lines[0] and "Traceback" not in out.stderr
 
 
-def test_unknown_and_unbuilt_policies(scenario, capsys):
-    """Unknown policy names are rejected with the allowed list."""
+def test_unknown_policies_and_the_policy_list(scenario, capsys):
+    """Unknown policy names are rejected with the allowed list; `resihp policies` lists every
+    registered name, one line each, with its description."""
+    from resihp.sched import POLICIES
+
     assert main(["simulate", str(scenario), "--policy", "magic"]) == 2
     err = capsys.readouterr().err
     assert "--policy 'magic': unknown; allowed: none, checkpoint-restart" in err
     assert main(["policies"]) == 0
-    assert "resihp" in capsys.readouterr().out
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == list(POLICIES)
+    assert all(len(line.split()) > 2 and "not built" not in line for line in lines)
 
 
 def test_missing_file(capsys):

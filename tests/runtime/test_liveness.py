@@ -29,7 +29,9 @@ SPEC = ModelSpec("t", 4, 32, 8, 2, 48, 256)
 def _run(tmp_path, faults: str, iterations: int = 4) -> tuple[dict, TrainConfig, Plan, float]:
     path = tmp_path / "faults.toml"
     path.write_text(faults)
-    config = TrainConfig(seq_len=32, microbatches=2, iterations=iterations, faults=str(path))
+    config = TrainConfig(
+        seq_len=32, microbatches=2, iterations=iterations, faults=str(path), detect_slow=False
+    )
     plan = Plan.uniform(SPEC, 2, 1, 2, 2)  # tp 2 x dp 2: replica 0 on devices 0, 1; replica 1 on 2, 3
     t0 = time.monotonic()
     res = run_training(config, plan, progress=False)

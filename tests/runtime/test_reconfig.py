@@ -31,7 +31,7 @@ def test_planned_replans_change_tp_layers_migration_and_standby(check_state):
     r0 = (Stage((1, 2), (0, 3), (4, 4), (24, 24)), Stage((3,), (3, 4), (8,), (48,)))
     r1 = (Stage((4, 7), (0, 2), (6, 2), (30, 18)), Stage((5, 6), (2, 4), (2, 6), (8, 40)))
     gen2 = Plan(SPEC, (r0, r1), (2, 2), "gpipe", standby=(0,))
-    config = TrainConfig(seq_len=32, iterations=6, p2p="chunked")
+    config = TrainConfig(seq_len=32, iterations=6, p2p="chunked", detect_slow=False)
     res = run_training(config, gen0, progress=False, return_state=True, replans=[(2, gen1), (4, gen2)])
     ref_losses, ref_state = reference_for(gen0, config)
     losses = [row["loss"] for row in res["iterations"]]
@@ -56,7 +56,7 @@ def test_fail_stop_of_a_tp_member_recovers_without_restart(tmp_path, check_state
         "[[faults]]\nkind = 'stop'\ndevice = 5\nat_iter = 2\n"
         "[[faults]]\nkind = 'slow'\ndevice = 1\nat_iter = 1\nseverity = 0.2\n"
     )
-    config = TrainConfig(seq_len=32, microbatches=2, iterations=4, faults=str(faults))
+    config = TrainConfig(seq_len=32, microbatches=2, iterations=4, faults=str(faults), detect_slow=False)
     plan = Plan.uniform(SPEC, 2, 2, 2, 2)
     res = run_training(config, plan, progress=False, return_state=True)
     ref_losses, ref_state = reference_for(plan, config)
@@ -88,7 +88,9 @@ def test_loss_of_a_whole_stage_is_served_by_the_other_replica(tmp_path, check_st
         "[[faults]]\nkind = 'link'\nsrc = 1\ndst = 3\nat_iter = 0\nseverity = 0.5\n"
     )
     # a link fault needs the link model (without it, it would have no effect and is rejected)
-    config = TrainConfig(seq_len=32, microbatches=2, iterations=3, faults=str(faults), link_mb_per_s=1.0)
+    config = TrainConfig(
+        seq_len=32, microbatches=2, iterations=3, faults=str(faults), link_mb_per_s=1.0, detect_slow=False
+    )
     plan = Plan.uniform(SPEC, 2, 2, 2, 2)
     res = run_training(config, plan, progress=False, return_state=True)
     ref_losses, ref_state = reference_for(plan, config)
@@ -114,7 +116,7 @@ def test_stopped_device_rejoins_and_the_plan_grows_back(tmp_path, check_state):
         "[[faults]]\nkind = 'stop'\ndevice = 5\nat_iter = 1\n"
         "[[faults]]\nkind = 'rejoin'\ndevice = 5\nat_iter = 3\n"
     )
-    config = TrainConfig(seq_len=32, microbatches=2, iterations=5, faults=str(faults))
+    config = TrainConfig(seq_len=32, microbatches=2, iterations=5, faults=str(faults), detect_slow=False)
     plan = Plan.uniform(SPEC, 2, 2, 2, 2)
     res = run_training(config, plan, progress=False, return_state=True)
     ref_losses, ref_state = reference_for(plan, config)
@@ -140,7 +142,7 @@ def test_two_stops_in_sequence_one_before_any_step_under_zbh1(tmp_path, check_st
         "[[faults]]\nkind = 'stop'\ndevice = 2\nat_iter = 0\n"
         "[[faults]]\nkind = 'stop'\ndevice = 4\nat_iter = 2\n"
     )
-    config = TrainConfig(seq_len=32, microbatches=2, iterations=4, faults=str(faults))
+    config = TrainConfig(seq_len=32, microbatches=2, iterations=4, faults=str(faults), detect_slow=False)
     plan = Plan.uniform(SPEC, 2, 2, 2, 2, "zbh1")
     res = run_training(config, plan, progress=False, return_state=True, policy=None)
     ref_losses, ref_state = reference_for(plan, config)
@@ -162,7 +164,7 @@ def test_stop_during_the_dp_gradient_reduction(tmp_path, check_state):
     on replica 0's last stage), and the committed history equals the reference's."""
     faults = tmp_path / "faults.toml"
     faults.write_text("[[faults]]\nkind = 'stop'\ndevice = 3\nat_iter = 2\nphase = 'allreduce'\n")
-    config = TrainConfig(seq_len=32, microbatches=2, iterations=4, faults=str(faults))
+    config = TrainConfig(seq_len=32, microbatches=2, iterations=4, faults=str(faults), detect_slow=False)
     plan = Plan.uniform(SPEC, 1, 2, 2, 2)
     res = run_training(config, plan, progress=False, return_state=True)
     ref_losses, ref_state = reference_for(plan, config)

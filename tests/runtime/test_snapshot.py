@@ -36,16 +36,16 @@ def test_absorb_merges_a_lost_stage_into_its_neighbour():
     """dp = 1: the lost last stage's layers go to the first stage; a lost first stage's to the next;
     without `absorb` the old ValueError stays."""
     one = Plan.uniform(SPEC, 2, 2, 1, 2)
-    p = shrink_plan(one, {2, 3}, 1, absorb=True)
+    p = shrink_plan(one, {2, 3}, absorb=True)
     assert [(st.devices, st.layers) for st in p.replicas[0]] == [((0, 1), (0, 4))]
     assert p.microbatches == (2,) and p.standby == ()
-    p = shrink_plan(one, {0, 1, 3}, 1, absorb=True)
+    p = shrink_plan(one, {0, 1, 3}, absorb=True)
     assert [(st.devices, st.layers) for st in p.replicas[0]] == [((2,), (0, 4))]
-    p = shrink_plan(Plan.uniform(SPEC, 2, 2, 2, 2), {2, 3, 6, 7}, 1, absorb=True)
+    p = shrink_plan(Plan.uniform(SPEC, 2, 2, 2, 2), {2, 3, 6, 7}, absorb=True)
     assert [(st.devices, st.layers) for st in p.replicas[0]] == [((0, 1), (0, 4))]
     assert p.microbatches == (4,) and p.standby == (4, 5)
     with pytest.raises(ValueError, match="every replica"):
-        shrink_plan(one, {2, 3}, 1)
+        shrink_plan(one, {2, 3})
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Small jobs shared by the scheduler tests."""
+"""Small jobs shared by the scheduler tests, as the planning context a policy gets."""
 
 from __future__ import annotations
 
@@ -6,12 +6,14 @@ import pytest
 
 from resihp.core import Cluster, Workload, model_preset
 from resihp.core.scenario import Job
+from resihp.sched import PlanningContext
 
 
-def make_job(preset="llama2-7b", tp=4, pp=2, dp=2, mbs=4, nodes=2, gpn=8, seq_len=4096) -> Job:
-    return Job(model_preset(preset), Cluster(nodes, gpn), Workload(seq_len, mbs), tp, pp, dp)
+def make_ctx(preset="llama2-7b", tp=4, pp=2, dp=2, mbs=4, nodes=2, gpn=8, seq_len=4096) -> PlanningContext:
+    job = Job(model_preset(preset), Cluster(nodes, gpn), Workload(seq_len, mbs), tp, pp, dp)
+    return PlanningContext.of_job(job)
 
 
 @pytest.fixture
-def job() -> Job:
-    return make_job()
+def ctx() -> PlanningContext:
+    return make_ctx()

@@ -7,13 +7,14 @@ import pytest
 from resihp.core.program import compile_plan
 from resihp.core.report import FailureReport
 from resihp.core.scenario import loads_scenario
-from resihp.sched.baselines import BASELINES
+from resihp.sched import POLICIES, PlanningContext
 from resihp.sched.baselines.common import restart_plan
 from resihp.sched.baselines.oobleck import instantiate
 from resihp.sched.baselines.recycle import recycle_plan
 
-JOB = loads_scenario(
-    """
+CTX = PlanningContext.of_job(
+    loads_scenario(
+        """
 [model]
 preset = "llama2-13b"
 [cluster]
@@ -26,7 +27,8 @@ pp = 4
 seq_len = 16384
 microbatches = 8
 """
-).job
+    ).job
+)
 
 
 def stop(cluster, *devices):
@@ -37,8 +39,8 @@ def stop(cluster, *devices):
 
 def test_recycle_plan_runs_every_chunk_exactly_once():
     """With two dead stage replicas every (micro-batch, stage) still runs once, on a live peer."""
-    view, _ = stop(JOB.cluster, 1, 29)  # replica 0 stage 0, replica 1 stage 3
-    plan = recycle_plan(JOB, view, (8, 8))
+    view, _ = stop(CTX.cluster, 1, 29)  # replica 0 stage 0, replica 1 stage 3
+    plan = recycle_plan(CTX, view, (8, 8))
     program = compile_plan(plan)
     seen = Counter()
     for (d, i), chunks in program.chunks.items():
@@ -53,77 +55,77 @@ def test_recycle_plan_runs_every_chunk_exactly_once():
 
 def test_recycle_splits_a_dead_stage_evenly_over_peers():
     """With dp = 4 a dead stage's 8 micro-batches go 3/3/2 to the three peers (round-robin)."""
-    job = loads_scenario(
-        "[model]\npreset = 'llama2-7b'\n[cluster]\nnodes = 4\ngpus_per_node = 8\n"
-        "[parallel]\ntp = 4\ndp = 4\npp = 2\nmicrobatches = 8\n"
-    ).job
-    view, reports = stop(job.cluster, 0)
-    decision = BASELINES["recycle"]().adapt(job, job.initial_plan(), view, reports)
+    ctx = PlanningContext.of_job(
+        loads_scenario(
+            "[model]\npreset = 'llama2-7b'\n[cluster]\nnodes = 4\ngpus_per_node = 8\n"
+            "[parallel]\ntp = 4\ndp = 4\npp = 2\nmicrobatches = 8\n"
+        ).job
+    )
+    view, reports = stop(ctx.cluster, 0)
+    decision = POLICIES["recycle"]().adapt(ctx, ctx.home, view, reports)
     assert sorted(Counter(a[3] for a in decision.plan.assignment).values()) == [2, 3, 3]
     assert decision.reconfig.pause_s >= 2.0
 
 
 def test_recycle_aborts_without_a_peer():
     """Both replicas of stage 2 dead: no feasible plan, ReCycle aborts."""
-    view, reports = stop(JOB.cluster, 8, 24)
-    decision = BASELINES["recycle"]().adapt(JOB, JOB.initial_plan(), view, reports)
+    view, reports = stop(CTX.cluster, 8, 24)
+    decision = POLICIES["recycle"]().adapt(CTX, CTX.home, view, reports)
     assert decision.aborted
 
 
 def test_oobleck_builds_heterogeneous_pipelines():
     """Losing one of 8 TP groups gives pipelines of different depths covering the 7 survivors."""
-    view, reports = stop(JOB.cluster, 5)
-    plan = instantiate(JOB, view)
+    view, reports = stop(CTX.cluster, 5)
+    plan = instantiate(CTX, view)
     depths = sorted(len(r) for r in plan.replicas)
     assert sum(depths) == 7 and len(set(depths)) > 1
-    assert plan.global_microbatches == JOB.global_microbatches
-    decision = BASELINES["oobleck"]().adapt(JOB, JOB.initial_plan(), view, reports)
+    assert plan.global_microbatches == CTX.global_microbatches
+    decision = POLICIES["oobleck"]().adapt(CTX, CTX.home, view, reports)
     assert decision.reconfig.pause_s > 30.0
 
 
 def test_oobleck_aborts_when_a_layer_is_lost():
     """Once no live group holds some layer, Oobleck (no checkpoints) aborts."""
-    view, reports = stop(JOB.cluster, 0, 16)  # stage 0 of both replicas
-    decision = BASELINES["oobleck"]().adapt(JOB, JOB.initial_plan(), view, reports)
+    view, reports = stop(CTX.cluster, 0, 16)  # stage 0 of both replicas
+    decision = POLICIES["oobleck"]().adapt(CTX, CTX.home, view, reports)
     assert decision.aborted
 
 
 def test_checkpoint_restart_keeps_tp_pp_and_the_global_batch():
     """A restart uses whole pipelines of healthy devices, same TP and PP, same global batch."""
-    view, _ = stop(JOB.cluster, 3)
-    plan = restart_plan(JOB, view)
-    assert plan.dp == 1 and len(plan.replicas[0]) == JOB.pp
-    assert all(st.tp == JOB.tp for st in plan.replicas[0])
-    assert plan.global_microbatches == JOB.global_microbatches
+    view, _ = stop(CTX.cluster, 3)
+    plan = restart_plan(CTX, view)
+    assert plan.dp == 1 and len(plan.replicas[0]) == CTX.pp
+    assert all(st.tp == CTX.tp for st in plan.replicas[0])
+    assert plan.global_microbatches == CTX.global_microbatches
     assert 3 not in plan.devices()
 
 
 def test_adaptra_switches_to_the_cpu_path_only_for_slow_links():
     """Adaptra's cost options turn head-of-line blocking off once a slow link is known."""
-    adaptra = BASELINES["adaptra"]()
-    assert adaptra.cost_options(JOB.cluster) == {}
-    assert adaptra.cost_options(JOB.cluster.with_link(0, 4, 0.1)) == {"send_blocks": False}
-    decision = adaptra.adapt(JOB, JOB.initial_plan(), JOB.cluster.with_speed(3, 0.5), [
+    adaptra = POLICIES["adaptra"]()
+    assert adaptra.cost_options(CTX.cluster) == {}
+    assert adaptra.cost_options(CTX.cluster.with_link(0, 4, 0.1)) == {"send_blocks": False}
+    decision = adaptra.adapt(CTX, CTX.home, CTX.cluster.with_speed(3, 0.5), [
         FailureReport("fail-slow", (3,), severity=0.5)
     ])  # fmt: skip
-    assert decision.plan == JOB.initial_plan()
+    assert decision.plan == CTX.home
 
 
 def test_strengthened_recycle_reroutes_to_slowed_peers():
     """S-ReCycle re-weights replicas by speed but still reroutes a dead stage to its slowed peer."""
-    view, reports = stop(JOB.cluster.with_speed(20, 0.5), 1)
-    policy = BASELINES["recycle+greyhound"]()
-    decision = policy.adapt(JOB, JOB.initial_plan(), view, reports)
+    view, reports = stop(CTX.cluster.with_speed(20, 0.5), 1)
+    policy = POLICIES["recycle+greyhound"]()
+    decision = policy.adapt(CTX, CTX.home, view, reports)
     plan = decision.plan
     assert {a[3] for a in plan.assignment} == {1}
     assert plan.microbatches[1] < plan.microbatches[0]
 
 
-@pytest.mark.parametrize("name", sorted(BASELINES))
+@pytest.mark.parametrize("name", [n for n in POLICIES if not n.startswith("resihp")])
 def test_policies_ignore_reports_they_cannot_act_on(name):
     """A recovered report on a healthy cluster never aborts a baseline."""
-    policy = BASELINES[name]()
-    decision = policy.adapt(
-        JOB, JOB.initial_plan(), JOB.cluster, [FailureReport("recovered", (2,), severity=1.0)]
-    )
+    policy = POLICIES[name]()
+    decision = policy.adapt(CTX, CTX.home, CTX.cluster, [FailureReport("recovered", (2,), severity=1.0)])
     assert not decision.aborted

@@ -7,7 +7,7 @@ import pytest
 from resihp.core import build_stage
 from resihp.sched.reconfig import COMM_REBUILD_S, LAYER_FIXED_S, STATE_BYTES_PER_PARAM, reconfig_cost
 
-from .conftest import make_job
+from .conftest import make_ctx
 
 
 def test_constants_match_shared_defaults():
@@ -17,30 +17,30 @@ def test_constants_match_shared_defaults():
 
 def test_same_plan_costs_nothing():
     """Keeping the plan pauses nothing and moves nothing."""
-    job = make_job()
-    plan = job.initial_plan()
-    rc = reconfig_cost(job, plan, plan, job.cluster, planning_s=1.0)
+    ctx = make_ctx()
+    plan = ctx.home
+    rc = reconfig_cost(ctx, plan, plan, ctx.cluster, planning_s=1.0)
     assert rc.pause_s == 0.0 and rc.transfers == () and rc.layers_moved == 0
 
 
 def test_migration_only_moves_no_state():
     """Moving a micro-batch between replicas needs no state transfer, only planning time."""
-    job = make_job()
-    plan = job.initial_plan()
+    ctx = make_ctx()
+    plan = ctx.home
     moved = plan.with_changes(assignment=((0, 3, 1, 1),))
-    rc = reconfig_cost(job, plan, moved, job.cluster, planning_s=0.5)
+    rc = reconfig_cost(ctx, plan, moved, ctx.cluster, planning_s=0.5)
     assert rc.transfers == () and rc.pause_s == pytest.approx(0.5)
 
 
 def test_shrinking_a_group_reshards_its_layers():
     """A TP-4 group cut to 2 rebuilds its communicator and reshards all its layers from survivors."""
-    job = make_job()
-    plan = job.initial_plan()
-    cluster = job.cluster.with_alive(5, False)
+    ctx = make_ctx()
+    plan = ctx.home
+    cluster = ctx.cluster.with_alive(5, False)
     replicas = [list(r) for r in plan.replicas]
-    replicas[0][1] = build_stage(job.model, (4, 6), replicas[0][1].layers)
+    replicas[0][1] = build_stage(ctx.model, (4, 6), replicas[0][1].layers)
     new = plan.with_changes(replicas=tuple(map(tuple, replicas)), standby=(7,))
-    rc = reconfig_cost(job, plan, new, cluster, planning_s=0.0)
+    rc = reconfig_cost(ctx, plan, new, cluster, planning_s=0.0)
     assert (4, 6) in rc.rebuilt_groups
     assert {dst for _, dst, _ in rc.transfers} == {4, 6}
     assert all(src not in (5, -1) for src, _, _ in rc.transfers)

@@ -6,8 +6,8 @@ import pytest
 
 from resihp.core.faults import FaultSpec
 from resihp.core.scenario import loads_scenario
-from resihp.sched.baselines import BASELINES
-from resihp.sim.compare import NOT_BUILT, dumps, simulate_scenario
+from resihp.sched import POLICIES
+from resihp.sim.compare import dumps, simulate_scenario
 from resihp.sim.job import simulate
 
 BASE = """
@@ -44,7 +44,7 @@ def test_same_seed_gives_identical_json():
 
 def test_none_aborts_on_a_stop():
     """Without mitigation a fail-stop hangs the job for the hang timeout, then aborts it."""
-    run = simulate(scenario(STOP.format(t=600, d=5)), BASELINES["none"]())
+    run = simulate(scenario(STOP.format(t=600, d=5)), POLICIES["none"]())
     assert run.aborted and run.abort_t_s == pytest.approx(600 + 600)
     assert run.timeline[-1][1] == 0.0
     assert run.samples_per_s < run.capacity_bound_samples_per_s
@@ -52,25 +52,25 @@ def test_none_aborts_on_a_stop():
 
 def test_recycle_aborts_when_every_replica_of_a_stage_dies():
     """Killing stage 0 in both replicas leaves ReCycle no peer: reported as an abort."""
-    run = simulate(scenario(STOP.format(t=600, d=1) + STOP.format(t=1200, d=9)), BASELINES["recycle"]())
+    run = simulate(scenario(STOP.format(t=600, d=1) + STOP.format(t=1200, d=9)), POLICIES["recycle"]())
     assert run.aborted and run.abort_t_s == pytest.approx(1203.0)
     assert any(e["kind"] == "abort" for e in run.events)
 
 
 def test_recycle_survives_one_dead_stage_at_reduced_throughput():
     """One dead TP group: ReCycle keeps training, slower than fault-free, never above the bound."""
-    clean = simulate(scenario(), BASELINES["recycle"]())
-    run = simulate(scenario(STOP.format(t=60, d=2)), BASELINES["recycle"]())
+    clean = simulate(scenario(), POLICIES["recycle"]())
+    run = simulate(scenario(STOP.format(t=60, d=2)), POLICIES["recycle"]())
     assert not run.aborted
     assert 0.3 * clean.samples_per_s < run.samples_per_s < 0.8 * clean.samples_per_s
     assert run.samples_per_s <= run.capacity_bound_samples_per_s
 
 
-@pytest.mark.parametrize("name", sorted(BASELINES))
+@pytest.mark.parametrize("name", [n for n in POLICIES if not n.startswith("resihp")])
 def test_every_baseline_stays_under_the_capacity_bound(name):
     """On the mixed pattern every baseline's average throughput is at most the capacity bound."""
     s = scenario('[faults]\ngenerator = "mixed"\ninterval_s = 1800\n')
-    run = simulate(s, BASELINES[name](), seed=1)
+    run = simulate(s, POLICIES[name](), seed=1)
     assert 0.0 <= run.samples_per_s <= run.capacity_bound_samples_per_s + 1e-9
     json.dumps(run.to_dict())
 
@@ -78,26 +78,25 @@ def test_every_baseline_stays_under_the_capacity_bound(name):
 def test_greyhound_climbs_its_ladder_on_a_fail_slow():
     """A persistent fail-slow: S2 at detection (with a validation pause), then a ski-rental escalation."""
     s = scenario('[[faults]]\nkind = "slow"\nat_s = 60\ndevice = 6\nseverity = 0.4\n')
-    run = simulate(s, BASELINES["greyhound"]())
+    run = simulate(s, POLICIES["greyhound"]())
     kinds = [e["kind"] for e in run.events]
     assert "replan" in kinds and "escalate" in kinds
-    none = simulate(s, BASELINES["none"]())
+    none = simulate(s, POLICIES["none"]())
     assert run.samples_per_s > 1.2 * none.samples_per_s
 
 
 def test_checkpoint_restart_pays_hang_restart_and_lost_work():
     """A stop costs checkpoint-restart the hang detection, u0 and seeded lost work."""
-    run = simulate(scenario(STOP.format(t=600, d=5)), BASELINES["checkpoint-restart"]())
+    run = simulate(scenario(STOP.format(t=600, d=5)), POLICIES["checkpoint-restart"]())
     replan = next(e for e in run.events if e["kind"] == "replan")
     assert replan["t_s"] == pytest.approx(1200.0)
     assert 600.0 <= replan["pause_s"] <= 4200.0
 
 
-def test_unknown_policy_reports_not_built():
-    """A policy name nobody registered is reported as not built, never stubbed."""
-    out = simulate_scenario(scenario(), ["recycle", "malleus"], 0)
-    assert out["policies"]["malleus"] == {"status": NOT_BUILT}
-    assert out["fault_free_samples_per_s"] > 0
+def test_unknown_policy_is_refused():
+    """A policy name nobody registered is refused before anything runs, never stubbed."""
+    with pytest.raises(ValueError, match="policy = 'malleus': unknown policy; allowed: none, "):
+        simulate_scenario(scenario(), ["recycle", "malleus"], 0)
 
 
 def test_iteration_runs_and_at_iter_faults():
@@ -105,7 +104,7 @@ def test_iteration_runs_and_at_iter_faults():
     text = BASE.replace("duration_s = {duration}", "iterations = 1000") + STOP.format(t=0, d=3).replace(
         "at_s = 0", "at_iter = 500"
     )
-    run = simulate(loads_scenario(text), BASELINES["recycle"]())
+    run = simulate(loads_scenario(text), POLICIES["recycle"]())
     stop = next(e for e in run.events if e["kind"] == "stop")
     horizon = run.timeline[-1][0]
     assert 0 < stop["t_s"] < horizon

@@ -1,4 +1,5 @@
-"""The competing systems as simulator policies (baselines.md), one module each."""
+"""The competing systems as simulator policies (baselines.md), one module each; registered with
+the others in `resihp.sched.registry`."""
 
 from .adaptra import Adaptra
 from .checkpoint import CheckpointRestart
@@ -8,18 +9,13 @@ from .oobleck import Oobleck
 from .recycle import ReCycle
 from .strengthened import StrengthenedOobleck, StrengthenedReCycle
 
-BASELINES = {
-    cls.name: cls
-    for cls in (
-        NoMitigation,
-        CheckpointRestart,
-        ReCycle,
-        Oobleck,
-        Greyhound,
-        Adaptra,
-        StrengthenedReCycle,
-        StrengthenedOobleck,
-    )
-}
-
-__all__ = ["BASELINES", *(cls.__name__ for cls in BASELINES.values())]
+__all__ = [
+    "Adaptra",
+    "CheckpointRestart",
+    "Greyhound",
+    "NoMitigation",
+    "Oobleck",
+    "ReCycle",
+    "StrengthenedOobleck",
+    "StrengthenedReCycle",
+]

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from resihp.sched.base import Decision, Policy, Reconfig
+from resihp.sched.detector import HANG_S, greyhound_detector
 from resihp.sched.model import fits_memory
-from resihp.sim.detection import HANG_S, greyhound_detector
 
 from .checkpoint import CheckpointRestart
 from .common import next_generation, unchanged
@@ -24,35 +24,38 @@ from .common import next_generation, unchanged
 CANDIDATES = ("gpipe",)
 
 
-def _time(job, plan, view) -> float:
+def _time(ctx, plan, view) -> float:
     from resihp.sim.predict import predict
 
-    return predict(job, plan, view, send_blocks=False).iteration_s
+    return predict(ctx, plan, view, send_blocks=False).iteration_s
 
 
 class Adaptra(Policy):
+    """Adaptra: slow PP links over the CPU path and a schedule with more forwards in flight."""
+
     name = "adaptra"
 
-    def detector(self, job):
-        return replace(greyhound_detector(job), stop_s=HANG_S, slow_iters=None)
+    def detector(self, ctx):
+        return replace(greyhound_detector(ctx), stop_s=HANG_S, slow_iters=None)
 
     def cost_options(self, view) -> dict:
         return {"send_blocks": False} if view.links else {}
 
-    def adapt(self, job, plan, cluster, reports) -> Decision:
+    def decide(self, ctx, plan, cluster, reports) -> Decision:
         if any(r.kind in ("fail-stop", "rejoin") for r in reports) or any(
             not cluster.alive[x] for x in plan.devices()
         ):
-            return CheckpointRestart().adapt(job, plan, cluster, reports)
+            return CheckpointRestart().decide(ctx, plan, cluster, reports)
         if not any(r.kind in ("link-slow", "recovered") for r in reports):
             return unchanged(plan)
-        best = plan.with_changes(schedule=job.schedule)
+        best = plan.with_changes(schedule=ctx.schedule)
         if cluster.links:
-            t_best = _time(job, best, cluster)
+            t_best = _time(ctx, best, cluster)
             for schedule in CANDIDATES:
                 cand = plan.with_changes(schedule=schedule)
-                if fits_memory(replace(job, schedule=schedule), cand) and _time(job, cand, cluster) < t_best:
-                    best, t_best = cand, _time(job, cand, cluster)
+                under = replace(ctx, home=ctx.home.with_changes(schedule=schedule))  # its memory model
+                if fits_memory(under, cand) and _time(ctx, cand, cluster) < t_best:
+                    best, t_best = cand, _time(ctx, cand, cluster)
         if best.schedule == plan.schedule:
             return unchanged(plan, "slow link: PP transfers over the CPU path")
         return Decision(next_generation(plan, best), Reconfig(), reason=f"schedule -> {best.schedule}")

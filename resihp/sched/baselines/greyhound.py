@@ -1,7 +1,7 @@
 """Greyhound (baselines.md §2.5): detect fail-slows, then climb S2 -> S3 -> S4 by ski rental.
 
 - Detection: 10-iteration persistence + one profiled iteration + a validation pause (Table 5),
-  and Table 5's false alarms under packed data (`resihp.sim.detection.greyhound_detector`).
+  and Table 5's false alarms under packed data (`resihp.sched.detector.greyhound_detector`).
 - S2 (on detection): the global batch re-weighted over DP replicas by each replica's measured
   throughput; no structural change.
 - S3: the layers of every pipeline re-split in proportion to its stages' speeds, then S2 again;
@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 from resihp.sched.base import Decision, Policy, Reconfig
-from resihp.sim.detection import greyhound_detector
+from resihp.sched.detector import greyhound_detector
 
 from .common import (
     RESTART_S,
@@ -35,50 +35,52 @@ def slow_devices(view) -> set[int]:
     return {x for x in range(view.num_devices) if view.alive[x] and view.speed[x] < 1.0}
 
 
-def s2(job, plan, view) -> Decision:
-    new = reweight(job, plan, replica_rates(job, plan, view))
-    return switch(job, plan, new, view, "S2: re-weight micro-batches per DP replica")
+def s2(ctx, plan, view) -> Decision:
+    new = reweight(ctx, plan, replica_rates(ctx, plan, view))
+    return switch(ctx, plan, new, view, "S2: re-weight micro-batches per DP replica")
 
 
-def s3(job, plan, view) -> Decision:
-    split = plan.with_changes(replicas=tuple(resplit(job, stages, view) for stages in plan.replicas))
-    new = reweight(job, split, replica_rates(job, split, view))
-    return switch(job, plan, new, view, "S3: re-split layers inside slow pipelines")
+def s3(ctx, plan, view) -> Decision:
+    split = plan.with_changes(replicas=tuple(resplit(ctx, stages, view) for stages in plan.replicas))
+    new = reweight(ctx, split, replica_rates(ctx, split, view))
+    return switch(ctx, plan, new, view, "S3: re-split layers inside slow pipelines")
 
 
-def s4(job, plan, view) -> Decision:
-    return restart(job, plan, view, slow_devices(view) | link_excluded(view), reason="S4: restart without it")
+def s4(ctx, plan, view) -> Decision:
+    return restart(ctx, plan, view, slow_devices(view) | link_excluded(view), reason="S4: restart without it")
 
 
-def back_to_normal(job, plan, view) -> Decision:
+def back_to_normal(ctx, plan, view) -> Decision:
     """The fault is over: the original layout (or the best restart layout) at one reconfiguration."""
-    target = restart_plan(job, view)
+    target = restart_plan(ctx, view)
     if target is None:
         return unchanged(plan, "waiting for repair")
     if target.dp != plan.dp or target.devices() != plan.devices():
         return Decision(next_generation(plan, target), Reconfig(pause_s=RESTART_S), reason="planned restart")
-    return switch(job, plan, target, view, "fault over: restore")
+    return switch(ctx, plan, target, view, "fault over: restore")
 
 
 class Greyhound(Policy):
+    """Greyhound: fail-slows climb S2 (re-weight) -> S3 (re-split) -> S4 (restart) by ski rental."""
+
     name = "greyhound"
 
-    def detector(self, job):
-        return greyhound_detector(job)
+    def detector(self, ctx):
+        return greyhound_detector(ctx)
 
-    def adapt(self, job, plan, cluster, reports) -> Decision:
+    def decide(self, ctx, plan, cluster, reports) -> Decision:
         kinds = {r.kind for r in reports}
         if any(not cluster.alive[x] for x in plan.devices()):
-            return s4(job, plan, cluster)
+            return s4(ctx, plan, cluster)
         if kinds & {"fail-slow", "link-slow"}:
-            return s2(job, plan, cluster)
+            return s2(ctx, plan, cluster)
         if kinds & {"recovered", "rejoin"} and not slow_devices(cluster) and not cluster.links:
-            return back_to_normal(job, plan, cluster)
+            return back_to_normal(ctx, plan, cluster)
         if kinds & {"recovered"}:
-            return s2(job, plan, cluster)
+            return s2(ctx, plan, cluster)
         return unchanged(plan)
 
-    def escalations(self, job, plan, view) -> list[Decision]:
+    def escalations(self, ctx, plan, view) -> list[Decision]:
         if (not slow_devices(view) and not view.links) or any(not view.alive[x] for x in plan.devices()):
             return []
-        return [s3(job, plan, view), s4(job, plan, view)]
+        return [s3(ctx, plan, view), s4(ctx, plan, view)]

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from resihp.core.plan import split_by_weight
 from resihp.sched.base import Decision
-from resihp.sim.detection import greyhound_detector
+from resihp.sched.detector import greyhound_detector
 
 from .common import resplit, reweight, switch, unchanged
 from .greyhound import slow_devices
@@ -35,46 +35,50 @@ def replica_weights(plan, view) -> list[float]:
 
 
 class StrengthenedReCycle(ReCycle):
+    """ReCycle plus Greyhound's fail-slow ladder (S2 re-weighting per DP replica)."""
+
     name = "recycle+greyhound"
 
-    def detector(self, job):
-        return greyhound_detector(job)
+    def detector(self, ctx):
+        return greyhound_detector(ctx)
 
-    def microbatches(self, job, plan, cluster) -> tuple[int, ...]:
-        plan0 = job.initial_plan()
-        return split_by_weight(job.global_microbatches, replica_weights(plan0, cluster), 1)
+    def microbatches(self, ctx, plan, cluster) -> tuple[int, ...]:
+        plan0 = ctx.home
+        return split_by_weight(ctx.global_microbatches, replica_weights(plan0, cluster), 1)
 
-    def adapt(self, job, plan, cluster, reports) -> Decision:
+    def decide(self, ctx, plan, cluster, reports) -> Decision:
         if any(r.kind in ("fail-stop", "rejoin") for r in reports):
-            return super().adapt(job, plan, cluster, reports)
+            return super().decide(ctx, plan, cluster, reports)
         if not any(r.kind in ("fail-slow", "link-slow", "recovered") for r in reports):
             return unchanged(plan)
-        new = recycle_plan(job, cluster, self.microbatches(job, plan, cluster))
+        new = recycle_plan(ctx, cluster, self.microbatches(ctx, plan, cluster))
         if new is None:
             return Decision(None, reason="every replica of a stage is dead")
-        return switch(job, plan, new, cluster, "S2: re-weight micro-batches per DP replica")
+        return switch(ctx, plan, new, cluster, "S2: re-weight micro-batches per DP replica")
 
 
 class StrengthenedOobleck(Oobleck):
+    """Oobleck plus Greyhound's fail-slow ladder (S2 batch shares, S3 re-split in templates)."""
+
     name = "oobleck+greyhound"
     speed_aware = True
 
-    def detector(self, job):
-        return replace(greyhound_detector(job), stop_s=1.5)
+    def detector(self, ctx):
+        return replace(greyhound_detector(ctx), stop_s=1.5)
 
-    def adapt(self, job, plan, cluster, reports) -> Decision:
+    def decide(self, ctx, plan, cluster, reports) -> Decision:
         if any(r.kind in ("fail-stop", "rejoin") for r in reports):
-            return super().adapt(job, plan, cluster, reports)
+            return super().decide(ctx, plan, cluster, reports)
         if not any(r.kind in ("fail-slow", "link-slow", "recovered") for r in reports):
             return unchanged(plan)
         new = reweight(
-            job, plan, [len(st) * w for st, w in zip(plan.replicas, replica_weights(plan, cluster))]
+            ctx, plan, [len(st) * w for st, w in zip(plan.replicas, replica_weights(plan, cluster))]
         )
-        return switch(job, plan, new, cluster, "S2: re-weight pipeline batch shares")
+        return switch(ctx, plan, new, cluster, "S2: re-weight pipeline batch shares")
 
-    def escalations(self, job, plan, view) -> list[Decision]:
+    def escalations(self, ctx, plan, view) -> list[Decision]:
         if not slow_devices(view) or any(not view.alive[x] for x in plan.devices()):
             return []
-        split = plan.with_changes(replicas=tuple(resplit(job, stages, view) for stages in plan.replicas))
+        split = plan.with_changes(replicas=tuple(resplit(ctx, stages, view) for stages in plan.replicas))
         w = [len(st) * x for st, x in zip(split.replicas, replica_weights(split, view))]
-        return [switch(job, plan, reweight(job, split, w), view, "S3: re-split layers")]
+        return [switch(ctx, plan, reweight(ctx, split, w), view, "S3: re-split layers")]

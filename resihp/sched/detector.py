@@ -2,8 +2,8 @@
 
 A policy never sees faults directly (baselines.md §0): the job simulator turns each change of the
 true cluster into a FailureReport delivered after the detector's latency. A policy states its
-detector as a `detector(job) -> DetectorSpec` method; the ResiHP policies, which do not, get
-`RESIHP` (paper.md §3: heartbeats, confirmation within 2–3 iterations, Table 5 false alarms).
+detector with `Policy.detector(ctx) -> DetectorSpec`; the default is `resihp_detector` (paper.md
+§3: heartbeats, confirmation within 2–3 iterations, Table 5 false alarms).
 """
 
 from __future__ import annotations
@@ -32,21 +32,16 @@ class DetectorSpec:
     false_alarm_pause_s: float = 0.0  # pause per false alarm
 
 
-def resihp_detector(job) -> DetectorSpec:
+def resihp_detector(ctx) -> DetectorSpec:
     """ResiHP: heartbeats; fail-slows confirmed in 2–3 iterations; Table 5 false alarms."""
-    k = table5_index(job.workload.seq_len)
+    k = table5_index(ctx.workload.seq_len)
     return DetectorSpec(
         HEARTBEAT_S, 2.5, 2.5, 0.0, (0.034, 0.045, 0.049)[k], (0.0, 0.1, 0.3)[k], (0.034, 0.045, 0.049)[k]
     )
 
 
-def greyhound_detector(job) -> DetectorSpec:
+def greyhound_detector(ctx) -> DetectorSpec:
     """Greyhound: 10-iteration persistence + one profiled iteration + validation pause (Table 5)."""
-    k = table5_index(job.workload.seq_len)
+    k = table5_index(ctx.workload.seq_len)
     pause = (2.24, 3.28, 3.72)[k]
     return DetectorSpec(HEARTBEAT_S, 11.0, 11.0, 0.0, pause, (3.7, 5.2, 8.7)[k], pause)
-
-
-def detector_for(policy, job) -> DetectorSpec:
-    spec = getattr(policy, "detector", None)
-    return spec(job) if callable(spec) else resihp_detector(job)
