@@ -1,5 +1,6 @@
 """The loss account (sim/account.py): the bound's samples = achieved + Σ lost, by cause and event."""
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,8 @@ from resihp.sim.compare import policy_registry, simulate_scenario
 from resihp.sim.job import fault_free_samples_per_s, simulate
 from resihp.sim.timing import PlanTimer
 
-PAPER = Path(__file__).resolve().parents[2] / "scenarios" / "paper"
+ROOT = Path(__file__).resolve().parents[2]
+PAPER = ROOT / "scenarios" / "paper"
 BASE = """
 name = "t"
 [model]
@@ -101,13 +103,29 @@ def test_account_identity_on_random_scenarios(faults, names, seq_len, seed):
 
 
 @pytest.mark.parametrize(
-    "name", ["table6/llama2-7b-stop-1h.toml", "fig9/qwen2.5-7b-slow-M.toml", "fig10/llama2-7b-mixed-30m.toml"]
+    "name", ["paper/table6/llama2-7b-stop-1h.toml", "paper/fig9/qwen2.5-7b-slow-M.toml",
+             "paper/fig10/llama2-7b-mixed-30m.toml", "extra/node/llama2-7b-node.toml"]
 )  # fmt: skip
 def test_account_identity_on_paper_scenarios(name):
-    """The same identity on a fast subset of the paper's scenarios, for every built policy."""
-    out = simulate_scenario(load_scenario(str(PAPER / name)), sorted(policy_registry()), 0)
+    """The same identity on a fast subset of the paper's scenarios (and a node loss, where the
+    achieved rate runs above the bound's), for every built policy."""
+    out = simulate_scenario(load_scenario(str(ROOT / "scenarios" / name)), sorted(policy_registry()), 0)
     for policy, run in out["policies"].items():
         check_account(run, f"{name} {policy}")
+    if name.startswith("extra/node"):
+        assert out["policies"]["resihp"]["above_bound"] > 0  # one replica with every micro-batch
+
+
+def test_extra_scenarios_are_the_generators_output():
+    """scenarios/extra/ holds exactly what scripts/make_extra_scenarios.py writes, and each file loads."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from make_extra_scenarios import scenarios
+
+    written = {str(p.relative_to(ROOT / "scenarios" / "extra")): p.read_text()
+               for p in (ROOT / "scenarios" / "extra").glob("*/*.toml")}  # fmt: skip
+    assert written == scenarios()
+    for rel in written:
+        assert load_scenario(str(ROOT / "scenarios" / "extra" / rel)).faults
 
 
 def _bound_samples(run) -> float:
