@@ -30,8 +30,9 @@ Every instant has one of the five named causes, so `other` holds nothing today (
 it is the place for a cost the simulator may add that none of the five describes. Every term but
 `plan_quality` is >= 0 by construction. `plan_quality` is the net steady-state gap:
 where the achieved rate exceeds the bound's instantaneous rate (the bound X0 · Σ live speed / N is
-no bound at every instant: a healthy plan leaves slack that a slow device can be placed in, and a
-smaller TP group can be more efficient per device than X0's), the excess is a negative gap and
+no bound at every instant: a healthy plan leaves slack that a slow device can be placed in, a
+smaller TP group can be more efficient per device than X0's, and fewer replicas with more
+micro-batches each have smaller pipeline bubbles), the excess is a negative gap and
 stays in `plan_quality`, so the identity holds; `above_bound` in the JSON is that excess as a
 share of the bound's samples (not part of the sum), so plan_quality + above_bound >= 0 always.
 
