@@ -2,6 +2,7 @@
 
     python benchmarks/run_paper.py [--family table6 fig9 ...] [--out results/paper] [--seed 0]
                                    [--jobs 8] [--policies none recycle ...]
+    python benchmarks/run_paper.py --scenarios scenarios/extra --family lemon node burst --out results/extra
 
 Each family runs the policies the paper compares in it (plus ours); `--policies` overrides (a
 name that is not registered is an error). The Fig. 11 ablation runs `resihp-paper` with
@@ -33,6 +34,11 @@ FAMILIES = {
         "recycle+greyhound", "oobleck+greyhound", "resihp-paper", "resihp",
     ],
 }  # fmt: skip
+# Families outside the paper (scripts/make_extra_scenarios.py, under scenarios/extra/).
+EXTRA = [
+    "checkpoint-restart", "recycle", "oobleck", "greyhound", "oobleck+greyhound", "resihp-paper", "resihp",
+]  # fmt: skip
+FAMILIES.update({"lemon": EXTRA, "node": EXTRA, "burst": EXTRA})
 
 
 def ablation(scenario, names: list[str], seed: int) -> dict:

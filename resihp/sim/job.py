@@ -16,7 +16,9 @@ policy replans) and after an abort. Semantics:
 - runs given in iterations last `iterations · t0` seconds (t0 = the uniform plan's iteration time);
 - the capacity bound is X0 · Σ live speed / N, X0 = `fault_free_samples_per_s`: the best healthy
   plan any built planner finds (the uniform plan or `resihp`'s own healthy plan, with or without
-  the CPU-path option), so no policy can beat it by finding a better layout than the uniform one.
+  the CPU-path option), so no policy can beat it by finding a better layout than the uniform one;
+- `lost` accounts for the gap between the bound and the achieved samples by cause, interval by
+  interval (`account.LossAccount`; also per event).
 
 Same scenario, policy and seed give byte-identical `to_dict()` JSON.
 """
@@ -33,6 +35,7 @@ from resihp.core.scenario import Scenario
 from resihp.sched.context import PlanningContext
 from resihp.sched.registry import POLICIES, check_name
 
+from .account import LossAccount
 from .faultgen import generate
 from .timing import PlanTimer
 from .trace import TraceEvent, build_trace
@@ -47,6 +50,7 @@ class PolicyRun:
     abort_t_s: float | None
     events: list[dict] = field(default_factory=list)
     timeline: list[list[float]] = field(default_factory=list)
+    account: dict = field(default_factory=dict)  # account.LossAccount.close(): lost by cause
 
     def to_dict(self) -> dict:
         return {
@@ -56,6 +60,9 @@ class PolicyRun:
             "abort_t_s": None if self.abort_t_s is None else round(self.abort_t_s, 3),
             "events": self.events,
             "timeline": [[round(t, 3), round(x, 6)] for t, x in self.timeline],
+            "lost": {c: round(v, 6) for c, v in self.account.get("lost", {}).items()},
+            "lost_initial_plan": round(self.account.get("lost_initial_plan", 0.0), 6),
+            "above_bound": round(self.account.get("above_bound", 0.0), 6),
         }
 
 
@@ -124,6 +131,7 @@ class _Run:
         self.timeline: list[list[float]] = []
         self.samples = self.cap = 0.0
         self.pending: dict = {}  # fault key -> seq of its not yet delivered detection
+        self.account = LossAccount(getattr(policy, "planning_s", 0.0))
         for ev in build_trace(faults, job.cluster, self.t0):
             self.push(ev.t_s, "fault", ev)
         rng = random.Random(f"false-alarms:{seed}:{policy.name}")
@@ -151,6 +159,7 @@ class _Run:
         self.cap += cap_rate * (t_end - t)
         x = self.rate()
         cut = min(max(self.pause_until, t), t_end)
+        self.account.advance(self, t, cut, t_end, cap_rate, x)
         self._mark(t, 0.0 if cut > t else x)
         if cut > t:
             self._mark(cut, x)
@@ -164,6 +173,7 @@ class _Run:
     def on_fault(self, t: float, ev: TraceEvent) -> None:
         self.true = ev.apply(self.true)
         self.events.append(ev.to_dict())
+        self.account.fault(self.events[-1], ev)
         det = self.det
         if self.aborted:
             return
@@ -206,9 +216,13 @@ class _Run:
             self.aborted, self.abort_t = True, t
             event.update(kind="abort", reason=decision.reason)
             self.events.append(event)
+            self.account.decision(event, plan_changed=True)
             return
         pause = decision.reconfig.pause_s + decision.reconfig.lost_work_s + extra_pause
-        self.pause_until = max(self.pause_until, t) + pause
+        start = max(self.pause_until, t)
+        self.pause_until = start + pause
+        self.account.decision_pause(event, start, self.pause_until, decision.reconfig, extra_pause)
+        self.account.decision(event, plan_changed=decision.plan != self.plan)
         self.plan = decision.plan
         self.version += 1
         event.update(pause_s=round(pause, 3), reason=decision.reason)
@@ -244,7 +258,7 @@ class _Run:
         self.events.sort(key=lambda e: e["t_s"])
         return PolicyRun(
             self.policy.name, self.samples / self.horizon, self.cap / self.horizon,
-            self.aborted, self.abort_t, self.events, self.timeline,
+            self.aborted, self.abort_t, self.events, self.timeline, self.account.close(self.cap),
         )  # fmt: skip
 
     def _drain(self, t: float, due) -> float:
@@ -264,8 +278,11 @@ class _Run:
                 elif kind == "escalate":
                     self.on_escalate(t_ev, payload)
                 else:
-                    self.pause_until = max(self.pause_until, t_ev) + self.det.false_alarm_pause_s
+                    start = max(self.pause_until, t_ev)
+                    self.pause_until = start + self.det.false_alarm_pause_s
                     self.events.append({"t_s": round(t_ev, 3), "kind": "false-alarm"})
+                    self.account.pause(self.events[-1], start, self.pause_until,
+                                       [("detection", self.det.false_alarm_pause_s)])  # fmt: skip
             if reports and not self.aborted:
                 self.on_reports(t_ev, reports)
         return t
