@@ -8,10 +8,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from resihp.core.scenario import load_scenario, loads_scenario
-from resihp.sched.baselines import BASELINES
 from resihp.sched.ours import ResiHP
+from resihp.sched.registry import POLICIES as REGISTRY
 from resihp.sim.account import CAUSES
-from resihp.sim.compare import policy_registry, simulate_scenario
+from resihp.sim.compare import simulate_scenario
 from resihp.sim.job import fault_free_samples_per_s, simulate
 from resihp.sim.timing import PlanTimer
 
@@ -109,7 +109,7 @@ def test_account_identity_on_random_scenarios(faults, names, seq_len, seed):
 def test_account_identity_on_paper_scenarios(name):
     """The same identity on a fast subset of the paper's scenarios (and a node loss, where the
     achieved rate runs above the bound's), for every built policy."""
-    out = simulate_scenario(load_scenario(str(ROOT / "scenarios" / name)), sorted(policy_registry()), 0)
+    out = simulate_scenario(load_scenario(str(ROOT / "scenarios" / name)), sorted(REGISTRY), 0)
     for policy, run in out["policies"].items():
         check_account(run, f"{name} {policy}")
     if name.startswith("extra/node"):
@@ -152,7 +152,7 @@ def test_fail_stop_costs_its_hang_planning_and_pause():
 
 def test_checkpoint_restart_pays_rework_and_restart():
     """checkpoint-restart: 10 min of hang is detection, u0 is pause, the lost work is rework."""
-    run = simulate(scenario(fault("stop", 600, device=5)), BASELINES["checkpoint-restart"]())
+    run = simulate(scenario(fault("stop", 600, device=5)), REGISTRY["checkpoint-restart"]())
     replan = next(ev for ev in run.events if ev["kind"] == "replan")
     lost = replan["lost"]
     rework_s = replan["pause_s"] - 600.0
@@ -165,7 +165,7 @@ def test_checkpoint_restart_pays_rework_and_restart():
 def test_false_alarms_are_detection():
     """Without faults, Greyhound's false-alarm pauses (3.72 s each at 32K) are detection, charged to
     each alarm, and nothing else is lost but the initial plan's distance to the bound."""
-    run = simulate(scenario(seq_len=32768), BASELINES["greyhound"]())
+    run = simulate(scenario(seq_len=32768), REGISTRY["greyhound"]())
     alarms = [ev for ev in run.events if ev["kind"] == "false-alarm"]
     assert alarms and all(ev["lost"]["detection"] > 0 for ev in alarms)
     lost = run.account["lost"]
@@ -176,7 +176,7 @@ def test_false_alarms_are_detection():
 
 def test_a_never_detected_slow_is_detection():
     """`none` never learns of a fail-slow: the whole degraded run after it is detection loss."""
-    run = simulate(scenario(fault("slow", 600, device=6, severity=0.4)), BASELINES["none"]())
+    run = simulate(scenario(fault("slow", 600, device=6, severity=0.4)), REGISTRY["none"]())
     slow = next(ev for ev in run.events if ev["kind"] == "slow")
     reached = run.samples_per_s / run.capacity_bound_samples_per_s
     assert slow["lost"]["detection"] > 0.3
