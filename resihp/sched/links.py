@@ -34,7 +34,7 @@ def link_options(view) -> dict:
 
 def link_time(job, plan: Plan, cluster, evaluator: str = "auto") -> float:
     """Predicted iteration seconds with `link_options` applied (plain ITP when no link is slow)."""
-    if not cluster.links or evaluator == "estimate":
+    if not cluster.links:
         return iteration_time(job, plan, cluster, evaluator)
     from resihp.sim.predict import predict
 

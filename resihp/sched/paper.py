@@ -45,9 +45,10 @@ def migration_inputs(job, plan, cluster, speeds):
     def mem_ok(g, n) -> bool:
         st = plan.replicas[g[0]][g[1]]
         p = len(plan.replicas[g[0]])
-        key = (st, g[1], n_live(job.schedule, n, g[1], p))
+        holders = sum(not r[g[1]].hollow for r in plan.replicas)  # the draft splits every replica alike
+        key = (st, g[1], n, holders)
         if key not in cache:
-            cache[key] = max(device_memory(job, st, g[1], p, n, plan.dp).values()) <= cap
+            cache[key] = max(device_memory(job, st, g[1], p, n, holders).values()) <= cap
         return cache[key]
 
     return scale, microbatch_costs(job, plan), mem_ok
