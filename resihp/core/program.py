@@ -211,7 +211,7 @@ def _greedy_orders(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> d
     return orders
 
 
-_COMPILED: OrderedDict[Plan, Program] = OrderedDict()  # memo of compile_plan, newest last
+_COMPILED: OrderedDict[tuple, Program] = OrderedDict()  # memo of compile_plan by layout, newest last
 MEMO_CHUNKS = 2_000_000  # most chunks the memo keeps (about 100 MB of Programs)
 
 
@@ -220,13 +220,15 @@ def compile_plan(plan: Plan) -> Program:
 
     Memoised (a pure function of the Plan; a bounded LRU of recent Programs): the scheduler's
     memory check, every sampled iteration of the job simulator and the policies' predictions of
-    one candidate then share one Program and the evaluator structure cached on it."""
-    hit = _COMPILED.get(plan)
+    one candidate then share one Program and the evaluator structure cached on it. Plans that
+    differ only in generation or standby devices share the compiled layout."""
+    key = (plan.model, plan.replicas, plan.microbatches, plan.schedule, plan.assignment)
+    hit = _COMPILED.get(key)
     if hit is not None:
-        _COMPILED.move_to_end(plan)
-        return hit
+        _COMPILED.move_to_end(key)
+        return hit if hit.plan is plan else Program(plan, hit.chunks, hit._device_group, hit._cache)
     program = _compile(plan)
-    _COMPILED[plan] = program
+    _COMPILED[key] = program
     total = sum(_size(p) for p in _COMPILED.values())
     while len(_COMPILED) > 1 and (len(_COMPILED) > 16 or total > MEMO_CHUNKS):
         _, old = _COMPILED.popitem(last=False)

@@ -81,33 +81,39 @@ def device_memory(job, stage: Stage, index: int, num_stages: int, chunks: int, d
     """Peak bytes per device of `stage` (position `index` of `num_stages`) running `chunks` chunks
     under `job.schedule`, its layers held by `dp` groups (`memory.device_bytes`).
 
-    At most `job.workload.num_microbatches` of the chunks are the group's own micro-batches, live
-    as its Schedule says; any beyond are migrated in and counted live all at once: the list
-    scheduler of migrated plans lets a source pipeline keep as many of its chunks live as its own
-    schedule would (all of them, for the few a migration moves). `plan_memory` is exact for a
-    given plan; this is the planners' estimate before one exists.
+    The planners' estimate before a plan exists: the chunks live as the Schedule keeps one
+    pipeline's. Exact for a stage without migrated-in work; with it, the list scheduler may keep
+    more live (up to `Schedule.live` per source pipeline), which `plan_memory` of the plan sees.
     """
-    own = min(chunks, job.workload.num_microbatches)
-    live = n_live(job.schedule, own, index, num_stages) + (chunks - own)
+    live = n_live(job.schedule, chunks, index, num_stages)
     parts = ((stage.num_layers, index == 0, index == num_stages - 1, dp),)
     mem = memory.device_bytes(job.model, stage.tp_split, stage.ffn_split, parts, job.workload.seq_len)
     return {d: static + live * act for d, (static, act) in zip(stage.devices, mem)}
 
 
-def plan_memory(job, plan: Plan) -> dict[int, float]:
+def plan_memory(job, plan: Plan, exact: bool = True) -> dict[int, float]:
     """Peak bytes per device of `plan`: what the simulator reports as its peak memory, by the same
     formula (`memory.device_bytes` over the plan's gradient segments) and the same live counts
-    (the Schedule's for template orders; the compiled Program's for migrated plans)."""
+    (the Schedule's for template orders; the compiled Program's for migrated plans).
+
+    `exact=False` bounds a migrated plan's live counts without compiling it: the list scheduler
+    keeps at most `Schedule.live` of each source pipeline's chunks live at a group, so the sum
+    over sources is an upper bound (equal to the exact count for plans without migration)."""
     parts = stage_parts(grad_segments(plan))
-    if plan.assignment:
+    sched = get_schedule(plan.schedule)
+    if plan.assignment and exact:
         live = compile_plan(plan).live_peaks()
     else:
-        sched = get_schedule(plan.schedule)
-        live = {
-            (d, i): sched.live(plan.microbatches[d], i, len(stages))
-            for d, stages in enumerate(plan.replicas)
-            for i in range(len(stages))
-        }
+        count: dict[tuple[int, int, int], int] = {}  # (replica, stage, source) -> chunks
+        for d, stages in enumerate(plan.replicas):
+            for i in range(len(stages)):
+                count[(d, i, d)] = plan.microbatches[d]
+        for src, _, i, dst in plan.assignment:
+            count[(src, i, src)] -= 1
+            count[(dst, i, src)] = count.get((dst, i, src), 0) + 1
+        live = {}
+        for (d, i, _), n in count.items():
+            live[(d, i)] = live.get((d, i), 0) + sched.live(n, i, len(plan.replicas[d]))
     out = {}
     cache: dict = {}
     for d, stages in enumerate(plan.replicas):
@@ -150,8 +156,11 @@ def _max_layers_uncached(job, tp_split, ffn_split, index, num_stages, live, dp) 
 
 def fits_memory(job, plan: Plan) -> bool:
     """Every device of `plan` within usable HBM at its peak (`plan_memory`), migrated-in
-    micro-batches included."""
-    return max(plan_memory(job, plan).values(), default=0.0) <= usable_bytes(job)
+    micro-batches included. A migrated plan is compiled only when its bound does not fit."""
+    cap = usable_bytes(job)
+    if plan.assignment and max(plan_memory(job, plan, exact=False).values(), default=0.0) <= cap:
+        return True
+    return max(plan_memory(job, plan).values(), default=0.0) <= cap
 
 
 def iteration_time(job, plan: Plan, cluster, evaluator: str = "auto") -> float:

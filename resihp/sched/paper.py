@@ -23,7 +23,16 @@ from resihp.cost.hardware import hardware_preset
 from .base import Decision, Policy
 from .layout import assemble, cover_lost_stages, initial_plan, select_groups, standby_of
 from .migrate import microbatch_costs
-from .model import device_memory, group_speed, head_layers, iteration_time, max_layers, n_live, usable_bytes
+from .model import (
+    device_memory,
+    fits_memory,
+    group_speed,
+    head_layers,
+    iteration_time,
+    max_layers,
+    n_live,
+    usable_bytes,
+)
 from .partition import repartition_paper
 from .progress import progress_migrate
 from .reconfig import PAPER_PLANNING_S, reconfig_cost
@@ -112,7 +121,10 @@ class ResiHPPaper(Policy):
         live = {i: [d for d in range(dp) if chosen[(d, i)][1] > 0] for i in range(pp)}
         speeds = [min(chosen[(d, i)][1] for d in live[i]) for i in range(pp)]
         caps = [
-            min(max_layers(job, chosen[(d, i)][0], i, pp, job.workload.num_microbatches, dp) for d in live[i])
+            min(
+                max_layers(job, chosen[(d, i)][0], i, pp, job.workload.num_microbatches, len(live[i]))
+                for d in live[i]
+            )
             for i in range(pp)
         ]
         if "LR" in self.components:
@@ -127,7 +139,10 @@ class ResiHPPaper(Policy):
             return draft.to_plan()
         scale, costs, mem_ok = migration_inputs(job, draft, cluster, group_speeds)
         delta = self.delta if balance else math.inf  # no WM: fail-stop eviction only
-        return draft.to_plan(progress_migrate(draft, scale, costs, mem_ok, delta))
+        plan = draft.to_plan(progress_migrate(draft, scale, costs, mem_ok, delta))
+        if not fits_memory(job, plan):  # Algorithm 1 counts chunks; the compiled order may keep more live
+            raise ValueError("the migrated plan does not fit in memory")
+        return plan
 
     def adapt(self, job, plan, cluster, reports) -> Decision:
         try:

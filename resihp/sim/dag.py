@@ -155,7 +155,6 @@ class Dag:
 
     def __init__(self, program: Program) -> None:
         plan = program.plan
-        self.program = program
         units = self._units(program)
         groups: list[GroupKey] = []
         pairs: list[tuple[GroupKey, GroupKey]] = []

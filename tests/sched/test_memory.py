@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -80,7 +81,7 @@ def _simulated_peak(job, plan) -> dict[int, float]:
 def test_memory_check_equals_the_simulated_peak(state):
     """Per device, the scheduler's peak bytes are the simulator's; the verdict is the simulator's
     peak against usable HBM; a stage of a plan without migration costs what `device_memory`
-    (the planners' per-stage estimate) says."""
+    (the planners' per-stage estimate) says, to rounding (it sums the stage's segments at once)."""
     job, plan = state
     peak = _simulated_peak(job, plan)
     assert plan_memory(job, plan) == peak
@@ -91,7 +92,7 @@ def test_memory_check_equals_the_simulated_peak(state):
                 continue
             for i, stage in enumerate(stages):
                 mem = device_memory(job, stage, i, len(stages), plan.microbatches[d], plan.dp)
-                assert mem == {dev: peak[dev] for dev in stage.devices}
+                assert mem == pytest.approx({dev: peak[dev] for dev in stage.devices}, rel=1e-12)
 
 
 def test_zbh1_keeps_p_live_on_every_stage():
