@@ -48,9 +48,10 @@ class Costs:
         self, groups: Sequence[GroupKey], group_index: np.ndarray, kind: np.ndarray, mb_index: np.ndarray
     ) -> np.ndarray:
         """`chunk_times` of many groups at once: chunk i is kind `kind[i]` of global micro-batch
-        `mb_index[i]` on group `groups[group_index[i]]`."""
-        rows = np.stack([self.chunk[g] for g in groups])[group_index, kind]  # (n, 3)
-        return linear_time(rows[:, 0], rows[:, 1], rows[:, 2], self.tokens[mb_index], self.sum_sq[mb_index])
+        `mb_index[i]` on group `groups[group_index[i]]` (index arrays broadcast together)."""
+        rows = np.stack([self.chunk[g] for g in groups])[group_index, kind]  # (..., 3)
+        c0, alpha, beta = rows[..., 0], rows[..., 1], rows[..., 2]
+        return linear_time(c0, alpha, beta, self.tokens[mb_index], self.sum_sq[mb_index])
 
 
 def uniform_costs(plan, f: float = 1.0, b: float = 1.0, w: float = 1.0, p2p: float = 0.0) -> Costs:

@@ -19,6 +19,8 @@ import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .plan import Plan
 from .schedule import KIND_NAMES, B, Chunk, F, W, get_schedule
 from .segments import GradSegment, grad_segments
@@ -71,15 +73,19 @@ class Program:
 
     def live_peaks(self, groups=None) -> dict[GroupKey, int]:
         """Per group (default: all): most micro-batches holding activations (F done, W not yet) in
-        its order. Template orders keep exactly `Schedule.live` (tests/sim checks it)."""
+        its order. Template orders keep exactly `Schedule.live` (tests/core checks it)."""
+        groups = [g for g in (self.chunks if groups is None else groups)]
+        sizes = [len(self.chunks[g]) for g in groups]
+        kinds = np.fromiter((c[0] for g in groups for c in self.chunks[g]), np.int64, sum(sizes))
+        held = np.cumsum((kinds == F).astype(np.int64) - (kinds == W))
+        starts = np.cumsum([0] + sizes[:-1]) if groups else np.zeros(0, np.int64)
+        base = np.where(starts > 0, held[np.maximum(starts - 1, 0)], 0) if len(held) else starts
         out = {}
-        for g in self.chunks if groups is None else groups:
-            peak = live = 0
-            for kind, _, _ in self.chunks[g]:
-                live += 1 if kind == F else (-1 if kind == W else 0)
-                peak = max(peak, live)
-            out[g] = peak
-        return out
+        nonempty = [k for k, n in enumerate(sizes) if n]
+        if nonempty:
+            peaks = np.maximum.reduceat(held, starts[nonempty]) - base[nonempty]
+            out = dict(zip((groups[k] for k in nonempty), np.maximum(peaks, 0).tolist()))
+        return {g: out.get(g, 0) for g in groups}
 
     def instructions(self, device: int) -> list[Instr]:
         """The full ordered primitive list of one device."""
@@ -109,8 +115,10 @@ class Program:
         return out
 
 
-def _greedy_orders(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> dict[GroupKey, list[Chunk]]:
-    """Orders for plans with migrated chunks, read off a unit-time list-scheduling run.
+def _greedy_orders(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> tuple[dict, dict]:
+    """Orders for plans with migrated chunks, read off a unit-time list-scheduling run, and the
+    round each chunk started in (a topological numbering of the Program's DAG: a chunk's
+    predecessors all started in earlier rounds).
 
     Static templates cannot be merged safely when a group serves several source pipelines (its
     1F1B steady state is offset against theirs and the orders can wait on each other in a cycle).
@@ -126,54 +134,51 @@ def _greedy_orders(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> d
     """
     sched = get_schedule(plan.schedule)
     last = [len(st) - 1 for st in plan.replicas]
-    limits: dict[tuple[GroupKey, int], int] = {}  # (group, source replica) -> live limit
+    # Per group: one record [heap of ready F micro-batches, live count, live limit] per source
+    # replica; B and W ready chunks as heaps of (j, src).
+    sources: dict[GroupKey, dict[int, list]] = {}
     for g, items in work.items():
         count: dict[int, int] = {}
         for _, src in items:
             count[src] = count.get(src, 0) + 1
-        for src, n in count.items():
-            limits[(g, src)] = sched.live(n, g[1], len(plan.replicas[g[0]]))
-    # Ready chunks per group: F per source replica (heaps of j, so the per-source live limit is
-    # cheap to apply), B and W as heaps of (j, src).
-    ready_f: dict[GroupKey, dict[int, list[int]]] = {g: {} for g in work}
-    ready_bw: dict[GroupKey, tuple[list, list]] = {g: ([], []) for g in work}
-    for g, items in work.items():
+        p = len(plan.replicas[g[0]])
+        sources[g] = {src: [[], 0, sched.live(n, g[1], p)] for src, n in count.items()}
         if g[1] == 0:
             for j, src in items:
-                ready_f[g].setdefault(src, []).append(j)
-            for heap in ready_f[g].values():
-                heapq.heapify(heap)
+                sources[g][src][0].append(j)
+            for rec in sources[g].values():
+                heapq.heapify(rec[0])
+    ready_bw: dict[GroupKey, tuple[list, list]] = {g: ([], []) for g in work}
     grad_kind = sched.grad_kind
     one_f_one_b = sched.list_w_follows_b
     # 1F1B runs each W right after its B (`forced`), so W is never picked on its own there.
     preference = sched.list_preference
     orders: dict[GroupKey, list[Chunk]] = {g: [] for g in work}
-    live: dict[tuple[GroupKey, int], int] = {}  # (group, source replica) -> live micro-batches
+    rounds: dict[GroupKey, list[int]] = {g: [] for g in work}
     forced: dict[GroupKey, tuple[int, int] | None] = dict.fromkeys(work, None)
     total = sum(3 * len(v) for v in work.values())
-    done = 0
+    done = now = 0
     moved = plan._exec  # (src, j, stage) -> executing replica, for migrated chunks only
-
-    def executor(src: int, j: int, i: int) -> int:
-        return moved.get((src, j, i), src) if moved else src
+    heappush, heappop = heapq.heappush, heapq.heappop
 
     active = {g: None for g in work if g[1] == 0}  # groups that may have work; others wait for a push
     while done < total:
         finished: list[tuple[int, int, int, int]] = []
         for g in list(active):
             key = forced[g]
-            kind = W if key else None
-            if key is None:
-                room = None
-                for src, h in ready_f[g].items():
-                    if (
-                        h
-                        and (room is None or (h[0], src) < room)
-                        and live.get((g, src), 0) < limits[(g, src)]
-                    ):
-                        room = (h[0], src)
+            if key is not None:
+                forced[g] = None  # 1F1B: the W of the B just run (never queued)
+                kind = W
+            else:
+                best = None  # the ready F of lowest (micro-batch, source) whose source has room
+                for src, rec in sources[g].items():
+                    h = rec[0]
+                    if h and rec[1] < rec[2] and (best is None or (h[0], src) < best):
+                        best = (h[0], src)
+                kind = None
+                bw = ready_bw[g]
                 for k in preference:
-                    key = room if k == F else (ready_bw[g][k - 1][0] if ready_bw[g][k - 1] else None)
+                    key = best if k == F else (bw[k - 1][0] if bw[k - 1] else None)
                     if key is not None:
                         kind = k
                         break
@@ -181,34 +186,37 @@ def _greedy_orders(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> d
                     del active[g]
                     continue
                 if kind == F:
-                    heapq.heappop(ready_f[g][key[1]])
+                    heappop(sources[g][key[1]][0])
                 else:
-                    heapq.heappop(ready_bw[g][kind - 1])
-            else:
-                forced[g] = None  # 1F1B: the W of the B just run (never queued)
+                    heappop(bw[kind - 1])
             j, src = key
             orders[g].append((kind, src, j))
-            live[(g, src)] = live.get((g, src), 0) + (1 if kind == F else (-1 if kind == W else 0))
-            if kind == B and one_f_one_b:
+            rounds[g].append(now)
+            if kind == F:
+                sources[g][src][1] += 1
+            elif kind == W:
+                sources[g][src][1] -= 1
+            elif one_f_one_b:
                 forced[g] = key
             finished.append((kind, src, j, g[1]))
         assert finished, "list scheduling stalled: no group could start a chunk"
         done += len(finished)
+        now += 1
         for kind, src, j, i in finished:
             if kind == F:
                 if i < last[src]:
-                    nxt = (executor(src, j, i + 1), i + 1)
-                    heapq.heappush(ready_f[nxt].setdefault(src, []), j)
+                    nxt = (moved.get((src, j, i + 1), src), i + 1) if moved else (src, i + 1)
+                    heappush(sources[nxt][src][0], j)
                     active[nxt] = None
                 else:
-                    heapq.heappush(ready_bw[(executor(src, j, i), i)][B - 1], (j, src))
+                    heappush(ready_bw[(moved.get((src, j, i), src), i) if moved else (src, i)][0], (j, src))
             elif kind == B and not one_f_one_b:
-                heapq.heappush(ready_bw[(executor(src, j, i), i)][W - 1], (j, src))
+                heappush(ready_bw[(moved.get((src, j, i), src), i) if moved else (src, i)][1], (j, src))
             if kind == grad_kind and i > 0:
-                up = (executor(src, j, i - 1), i - 1)
-                heapq.heappush(ready_bw[up][B - 1], (j, src))
+                up = (moved.get((src, j, i - 1), src), i - 1) if moved else (src, i - 1)
+                heappush(ready_bw[up][0], (j, src))
                 active[up] = None
-    return orders
+    return orders, rounds
 
 
 _COMPILED: OrderedDict[tuple, Program] = OrderedDict()  # memo of compile_plan by layout, newest last
@@ -252,8 +260,9 @@ def _compile(plan: Plan) -> Program:
                 work[(plan.executor(src, j, i), i)].append((j, src))
     for items in work.values():
         items.sort()
+    rounds = None
     if plan.assignment:
-        chunks = _greedy_orders(plan, work)
+        chunks, rounds = _greedy_orders(plan, work)
     else:
         sched = get_schedule(plan.schedule)
         chunks = {
@@ -261,4 +270,7 @@ def _compile(plan: Plan) -> Program:
             for g, items in work.items()
         }
     device_group = {dev: g for g in work for dev in plan.replicas[g[0]][g[1]].devices}
-    return Program(plan, chunks, device_group)
+    program = Program(plan, chunks, device_group)
+    if rounds is not None:
+        program._cache["rounds"] = rounds  # the evaluator's level order (sim.dag)
+    return program

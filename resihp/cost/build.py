@@ -165,9 +165,13 @@ def build_costs(
     p2p_cache: dict = {}
 
     def p2p(a: tuple[int, int], b: tuple[int, int]) -> float:
-        """Seconds to move one micro-batch's activation (or gradient) from group a to group b."""
+        """Seconds to move one micro-batch's activation (or gradient) from group a to group b.
+        Cached per pair of groups, or per shape when both lie inside one node each and no degraded
+        link touches them (then only the sizes and whether the nodes differ matter)."""
         send, recv = plan.replicas[a[0]][a[1]].devices, plan.replicas[b[0]][b[1]].devices
         key = (send, recv)
+        if _one_node(send, links) and _one_node(recv, links) and not links.devices.intersection(send + recv):
+            key = (len(send), len(recv), send[0] // links.gpn == recv[0] // links.gpn)
         if key not in p2p_cache:
             p2p_cache[key] = pp_transfer_s(act_bytes, send, recv, links)
         return p2p_cache[key]

@@ -115,10 +115,12 @@ class BatchDag:
     """
 
     def __init__(self, program: Program) -> None:
-        self.dag = Dag.of(program)
-        self.groups: list[GroupKey] = [g for g in self.dag.groups if len(self.dag.vertices(g))]
-        self.kind = {g: self.dag.kind[self.dag.vertices(g)] for g in self.groups}
-        self.mb = {g: self.dag.mb[self.dag.vertices(g)] for g in self.groups}
+        self.dag = dag = Dag.of(program)
+        self.groups: list[GroupKey] = [g for g in dag.groups if dag.where[g] is not None]
+        self.kind, self.mb = {}, {}
+        for g in self.groups:
+            k, r, v = dag.vertices(g)
+            self.kind[g], self.mb[g] = dag.units[k].kind[v], dag.units[k].mb[v, r]
         plan = program.plan
         self.pp, self.m = max(len(s) for s in plan.replicas), max(plan.microbatches)
         if plan.dp == 1 and not plan.assignment:
@@ -151,17 +153,19 @@ class BatchDag:
         dag = self.dag
         shape = next(iter(dur.values())).shape[:-1]
         n = int(np.prod(shape))
-        arrays = []
-        for given in (dur, edge, send):
-            out = np.zeros((dag.V, n))
-            if given is not None:
-                for g in self.groups:
-                    rows = np.broadcast_to(given[g], (*shape, len(dag.vertices(g))))
-                    out[dag.vertices(g)] = rows.reshape(n, -1).T
-            arrays.append(out)
-        _, free = dag.run(*arrays)
+        lanes = []
+        for u in dag.units:
+            lanes.append(tuple(np.zeros((u.V, len(u.replicas), n)) for _ in range(3)))
+        for which, given in enumerate((dur, edge, send)):
+            if given is None:
+                continue
+            for g in self.groups:
+                k, r, v = dag.vertices(g)
+                rows = np.broadcast_to(given[g], (*shape, len(v)))
+                lanes[k][which][v, r] = rows.reshape(n, -1).T
+        times = dag.run(lanes)
         step = np.array([tail_s.get(g, 0.0) for g in dag.groups]) if isinstance(tail_s, Mapping) else tail_s
-        done = dag.sync(free, {}, 0.0)
+        done = dag.sync([free for _, free in times], {}, 0.0)
         done = done + (step[:, None] if isinstance(step, np.ndarray) else step)
         return done.max(axis=0).reshape(shape)
 

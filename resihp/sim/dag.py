@@ -12,14 +12,15 @@ Then the gradient sync: segments (`core.segments`) are reduced in layer order; a
 when all its holder groups are free, lasts `segment_s`, and frees them again; each group steps
 (`step_s`) after its last segment.
 
-Two axes are vectorised. Vertices: each vertex's depth in the DAG (its *level*, the longest chain
-of edges reaching it) is computed once per Program, and the vertices of one level do not depend on
-each other, so a pass is one numpy step per level (a few hundred for a 1F1B iteration) over that
-level's vertices of every replica at once. A batch axis: every time array has trailing batch
+Vectorised three ways. Vertices: each vertex's depth in the DAG (its *level*: the longest chain of
+edges reaching it, or the list scheduler's round for migrated plans) is fixed once per Program,
+and the vertices of one level do not depend on each other, so a pass is one numpy step per level
+(a few hundred for a 1F1B iteration). Replicas: replicas of identical structure (no migration,
+same stage and micro-batch counts: the same chunk sequence per stage, whatever their layers and
+speeds) form a *unit* that shares one representative's structure, its members on an axis of every
+array, so a 16,384-GPU plan costs the structure of one pipeline per class. A batch axis: trailing
 columns (iterations, or any family of costs over the same Program), evaluated in the same pass.
-Replicas of identical structure (no migration, same stage and micro-batch counts: the same chunk
-sequence per stage, whatever their layers and speeds) share one representative's structure,
-tiled, so a 16,384-GPU plan costs the Python work of one pipeline per class.
+A plan with migrated chunks is one unit of one member.
 
 The arithmetic is the scalar recurrence's, in the same order, so results are bit-identical to a
 chunk-by-chunk pass (tests/sim/oracle.py; a test checks equality).
@@ -42,8 +43,9 @@ class _Unit:
 
     def __init__(self, program: Program, groups: list[GroupKey], members: list[int] | None) -> None:
         plan = program.plan
-        self.groups = groups
+        self.groups = groups  # the representative's groups (all groups of the plan when migrating)
         self.members = members  # replicas sharing the representative's structure; None: as is
+        self.replicas = members if members is not None else [None]
         rows = [
             np.fromiter(itertools.chain.from_iterable(program.chunks[g]), np.int64).reshape(-1, 3)
             for g in groups
@@ -99,7 +101,50 @@ class _Unit:
         for v, slot in slots:
             (self.in_pair if slot == 0 else self.out_pair)[v] = inverse[at : at + len(v)]
             at += len(v)
-        self.level = self._levels(program)
+        rounds = program._cache.get("rounds")  # the list scheduler's rounds: already a level order
+        if members is None and rounds is not None:
+            self.level = np.concatenate([np.asarray(rounds[g], np.int64) for g in groups])
+        else:
+            self.level = self._levels(program)
+
+    def finish(self, offsets: np.ndarray) -> None:
+        """Sort the vertices by level; member-axis micro-batch indices and transfer pairs."""
+        n = self.n
+        self.V = n
+        order = np.argsort(self.level.astype(np.int32), kind="stable")
+        rank = np.empty(n + 1, dtype=np.int64)
+        rank[order] = np.arange(n)
+        rank[n] = n  # sentinel: free = 0 before a group's first chunk, end = -inf for no dependency
+        self.rank = rank
+        prev = np.arange(n) - 1
+        prev[self.starts[:-1][np.diff(self.starts) > 0]] = -1
+        self.prev = rank[np.where(prev >= 0, prev, n)][order]
+        self.dep = rank[np.where(self.dep >= 0, self.dep, n)][order]
+        self.kind = self.kind[order]
+        self.gi = self.gi[order]
+        mb = self.mb[order]
+        if self.members is None:
+            self.mb = mb[:, None]  # (V, 1)
+        else:
+            members = np.array(self.members)
+            self.mb = mb[:, None] - offsets[self.members[0]] + offsets[members][None, :]  # (V, members)
+        self.in_pair = self.in_pair[order]
+        self.out_pair = self.out_pair[order]
+        counts = np.bincount(self.level, minlength=int(self.level.max()) + 1 if n else 0)
+        ends = np.cumsum(counts).tolist()
+        self.levels = [(s, e, self.prev[s:e], self.dep[s:e]) for s, e in zip([0] + ends[:-1], ends)]
+        self.nonempty = np.diff(self.starts) > 0
+        last = np.where(self.nonempty, rank[np.maximum(self.starts[1:] - 1, 0)], n)
+        self.last = last  # (groups,) vertex id of each representative group's last chunk
+
+    def member_groups(self) -> list[GroupKey]:
+        """Every (member, representative group) as a group key, member-major."""
+        return [g if d is None else (d, g[1]) for d in self.replicas for g in self.groups]
+
+    def member_pairs(self, r: int) -> list[tuple[GroupKey, GroupKey]]:
+        """The transfer pairs of member r (the representative's, moved to its replica)."""
+        d = self.replicas[r]
+        return [p if d is None else ((d, p[0][1]), (d, p[1][1])) for p in self.pairs]
 
     def _levels(self, program: Program) -> np.ndarray:
         """Longest edge chain reaching each vertex; AssertionError naming the stuck chunks when
@@ -142,9 +187,9 @@ class _Unit:
 class Dag:
     """Cost-independent, level-sorted structure of one Program (cached on it by `of`).
 
-    Vertex ids are in level order. Per vertex: `gidx` (index into `groups`), `kind`, `mb` (global
-    micro-batch index), `prev` / `dep` (vertex ids; `V` is a sentinel), `in_pair` / `out_pair`
-    (indices into `pairs`, -1 for none). `vertices(g)`: group g's vertex ids in program order.
+    `units`: the replica classes (`Unit`). `groups`: every non-hollow group of the plan; for a
+    group g, `where[g]` = (unit index, member index, representative group index) or None for a
+    group without chunks. Times of unit u are arrays (V_u (+1), members_u, *batch).
     """
 
     @classmethod
@@ -155,133 +200,98 @@ class Dag:
 
     def __init__(self, program: Program) -> None:
         plan = program.plan
-        units = self._units(program)
-        groups: list[GroupKey] = []
-        pairs: list[tuple[GroupKey, GroupKey]] = []
-        names = ("gidx", "kind", "mb", "dep", "prev", "level", "in", "out")
-        parts: dict[str, list[np.ndarray]] = {k: [] for k in names}
-        sizes: list[np.ndarray] = []  # chunks per group, in `groups` order (pre-sort ids are group-major)
-        base = 0
-        offsets = np.array([plan.mb_offset(d) for d in range(plan.dp)], dtype=np.int64)
-        for u in units:
-            members = u.members if u.members is not None else [None]
-            r = len(members)
-            rep = u.groups[0][0]
-            for d in members:
-                groups += [g if d is None else (d, g[1]) for g in u.groups]
-                pairs += [p if d is None else ((d, p[0][1]), (d, p[1][1])) for p in u.pairs]
-            copies = np.arange(r, dtype=np.int64)[:, None]  # (r, 1)
-            shift = (copies * u.n + base).ravel()  # vertex id of each copy's first vertex
-            group_base = len(groups) - r * len(u.groups)
-            pair_base = len(pairs) - r * len(u.pairs)
-            mb = u.mb[None, :].repeat(r, 0)
-            if u.members is not None:
-                mb = mb - offsets[rep] + offsets[np.array(u.members)][:, None]
-            prev = np.arange(u.n) - 1
-            prev[u.starts[:-1][np.diff(u.starts) > 0]] = -1
-            pair_of = pair_base + copies * len(u.pairs)
-            columns = {
-                "gidx": group_base + copies * len(u.groups) + u.gi[None, :],
-                "kind": np.broadcast_to(u.kind, (r, u.n)),
-                "mb": mb,
-                "dep": np.where(u.dep >= 0, u.dep[None, :] + shift[:, None], -1),
-                "prev": np.where(prev >= 0, prev[None, :] + shift[:, None], -1),
-                "level": np.broadcast_to(u.level, (r, u.n)),
-                "in": np.where(u.in_pair >= 0, pair_of + u.in_pair, -1),
-                "out": np.where(u.out_pair >= 0, pair_of + u.out_pair, -1),
-            }
-            for name, val in columns.items():
-                parts[name].append(np.asarray(val).reshape(-1))
-            sizes.append(np.tile(np.diff(u.starts), r))
-            base += r * u.n
-        cat = {k: np.concatenate(v) if v else np.zeros(0, np.int64) for k, v in parts.items()}
-        self.V = V = base
-        level = cat["level"]
-        order = np.argsort(level.astype(np.int32 if V and level.max() > 32000 else np.int16), kind="stable")
-        rank = np.empty(V + 1, dtype=np.int64)
-        rank[order] = np.arange(V)
-        rank[V] = V  # sentinel: free = 0 before a group's first chunk, end = -inf for no dependency
-        self.groups = groups
-        self.group_index = {g: k for k, g in enumerate(groups)}
-        self.pairs = pairs
-        self.gidx = cat["gidx"][order]
-        self.kind = cat["kind"][order]
-        self.mb = cat["mb"][order]
-        self.prev = rank[np.where(cat["prev"] >= 0, cat["prev"], V)][order]
-        self.dep = rank[np.where(cat["dep"] >= 0, cat["dep"], V)][order]
-        self.in_pair = cat["in"][order]
-        self.out_pair = cat["out"][order]
-        counts = np.bincount(level, minlength=int(level.max()) + 1 if V else 0)
-        ends = np.cumsum(counts).tolist()
-        self.levels = [(s, e, self.prev[s:e], self.dep[s:e]) for s, e in zip([0] + ends[:-1], ends)]
+        self.units = self._units(program)
+        self.groups: list[GroupKey] = []
+        self.where: dict[GroupKey, tuple[int, int, int] | None] = {}
+        for k, u in enumerate(self.units):
+            for r, d in enumerate(u.replicas):
+                for q, g in enumerate(u.groups):
+                    key = g if d is None else (d, g[1])
+                    self.where[key] = (k, r, q)
+                    self.groups.append(key)
         for g in program.chunks:  # groups without chunks (a replica with no micro-batches)
-            if g not in self.group_index:
-                self.group_index[g] = len(groups)
-                groups.append(g)
-                sizes.append(np.zeros(1, dtype=np.int64))
-        size = np.concatenate(sizes) if sizes else np.zeros(0, np.int64)
-        self._starts = np.concatenate([[0], np.cumsum(size)]).astype(np.int64)
-        self._rank = rank
-        self._nonempty = size > 0
-        self.last = np.where(self._nonempty, rank[np.maximum(self._starts[1:] - 1, 0)], V)
-        live = program.live_peaks([g for u in units for g in u.groups])
+            if g not in self.where:
+                self.where[g] = None
+                self.groups.append(g)
+        self.group_index = {g: k for k, g in enumerate(self.groups)}
+        live = program.live_peaks([g for u in self.units for g in u.groups])
         self.live_peak = {
-            g: live.get(g, live.get((self._rep.get(g[0], -1), g[1]), 0)) for g in groups
-        }  # members share their representative's order; groups without chunks hold none
+            g: 0 if w is None else live[self.units[w[0]].groups[w[2]]] for g, w in self.where.items()
+        }  # members share their representative's order
         holders = [np.array([self.group_index[h] for h in seg.groups]) for seg in program.segments]
         self.segments = list(zip([seg.layers for seg in program.segments], holders))
+        offsets = np.array([plan.mb_offset(d) for d in range(plan.dp)], dtype=np.int64)
+        for u in self.units:
+            u.finish(offsets)
 
     def _units(self, program: Program) -> list[_Unit]:
-        """Replica classes of identical structure (each one tiled unit), or the whole plan as one."""
+        """Replica classes of identical structure, or the whole plan as one unit when it migrates."""
         plan = program.plan
-        self._rep: dict[int, int] = {}
         if plan.assignment:
             return [_Unit(program, [g for g in program.chunks if program.chunks[g]], None)]
         classes: dict[tuple[int, int], list[int]] = {}
         for d, stages in enumerate(plan.replicas):
             if plan.microbatches[d]:
                 classes.setdefault((len(stages), plan.microbatches[d]), []).append(d)
-        units = []
-        for members in classes.values():
-            for d in members:
-                self._rep[d] = members[0]
-            units.append(_Unit(program, [(members[0], i) for i in range(len(plan.replicas[members[0]]))],
-                               members))  # fmt: skip
-        return units
+        return [
+            _Unit(program, [(members[0], i) for i in range(len(plan.replicas[members[0]]))], members)
+            for members in classes.values()
+        ]
+
+    def vertices(self, g: GroupKey) -> tuple[int, int, np.ndarray]:
+        """(unit, member, vertex ids in program order) of group g's chunks; (-1, -1, []) for none."""
+        w = self.where[g]
+        if w is None:
+            return -1, -1, np.zeros(0, dtype=np.int64)
+        u = self.units[w[0]]
+        return w[0], w[1], u.rank[u.starts[w[2]] : u.starts[w[2] + 1]]
 
     # ------------------------------------------------------------------ evaluation
-    def run(self, dur: np.ndarray, edge: np.ndarray, send: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(end, free), each (V + 1, batch), of every vertex for (V, batch) durations, incoming
-        transfer times and blocking-send times in vertex order (row V: the sentinel)."""
-        batch = dur.shape[1:]
-        end = np.empty((self.V + 1, *batch))
-        free = np.empty((self.V + 1, *batch))
-        end[self.V] = -np.inf
-        free[self.V] = 0.0
+    def run(self, lanes) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per unit, (end, free), each (V + 1, members, *batch), from per-unit (dur, edge, send)
+        arrays (V, members, *batch) in vertex order (row V: the sentinel)."""
+        out = []
         maximum = np.maximum
-        for s, e, prev, dep in self.levels:
-            t = maximum(free[prev], end[dep] + edge[s:e]) + dur[s:e]
-            end[s:e] = t
-            free[s:e] = t + send[s:e]
-        return end, free
+        for u, (dur, edge, send) in zip(self.units, lanes):
+            shape = (u.V + 1, *dur.shape[1:])
+            end = np.empty(shape)
+            free = np.empty(shape)
+            end[u.V] = -np.inf
+            free[u.V] = 0.0
+            for s, e, prev, dep in u.levels:
+                t = maximum(free[prev], end[dep] + edge[s:e]) + dur[s:e]
+                end[s:e] = t
+                free[s:e] = t + send[s:e]
+            out.append((end, free))
+        return out
 
-    def sync(self, free: np.ndarray, segment_s, step_s) -> np.ndarray:
-        """(groups, batch) time each group has stepped: its segments reduced in layer order after
-        `free` (V + 1, batch), each starting once every holder is free. `segment_s`: layers -> s."""
-        t = free[self.last]  # (groups, batch): free after the last chunk (0 for none)
+    def sync(self, frees: list[np.ndarray], segment_s, step_s) -> np.ndarray:
+        """(groups, *batch) time each group has stepped: its segments reduced in layer order after
+        its last chunk (per-unit `free` arrays of `run`), each segment starting once every holder
+        is free. `segment_s`: layers -> seconds."""
+        batch = frees[0].shape[2:] if frees else ()
+        t = np.zeros((len(self.groups), *batch))
+        at = 0
+        for u, free in zip(self.units, frees):
+            n = len(u.replicas) * len(u.groups)
+            t[at : at + n] = free[u.last].swapaxes(0, 1).reshape(n, *batch)  # member-major
+            at += n
         for layers, holders in self.segments:
             t[holders] = t[holders].max(axis=0) + segment_s.get(layers, 0.0)
         return t + step_s
 
-    def group_sums(self, values: np.ndarray) -> np.ndarray:
-        """(groups, batch) sums over each group's vertices of (V, batch) `values`, in program order."""
-        out = np.zeros((len(self.groups), *values.shape[1:]))
-        if self.V:
-            major = values[self._rank[: self.V]]  # group-major, program order
-            out[self._nonempty] = np.add.reduceat(major, self._starts[:-1][self._nonempty], axis=0)
+    def group_sums(self, values: list[np.ndarray]) -> np.ndarray:
+        """(groups, *batch) sums over each group's chunks (program order) of per-unit (V, members,
+        *batch) `values`."""
+        batch = values[0].shape[2:] if values else ()
+        out = np.zeros((len(self.groups), *batch))
+        at = 0
+        for u, val in zip(self.units, values):
+            major = val[u.rank[: u.V]]  # (V, members, *batch) in group-major program order
+            sums = np.add.reduceat(major, u.starts[:-1][u.nonempty], axis=0)  # (groups_u', members, ...)
+            full = np.zeros((len(u.groups), *major.shape[1:]))
+            full[u.nonempty] = sums
+            n = len(u.replicas) * len(u.groups)
+            out[at : at + n] = full.swapaxes(0, 1).reshape(n, *batch)
+            at += n
         return out
-
-    def vertices(self, g: GroupKey) -> np.ndarray:
-        """Group g's vertex ids in program order."""
-        k = self.group_index[g]
-        return self._rank[self._starts[k] : self._starts[k + 1]]

@@ -1,7 +1,7 @@
 """Evaluate a compiled Program on a Costs table: iteration time, busy/idle time and peak memory.
 
 The DAG pass itself is `sim.dag.Dag` (one evaluator for every caller); this module turns a
-`Costs` into its per-vertex durations and transfer times (`lanes`), and its result into an
+`Costs` into its per-unit durations and transfer times (`lanes`), and its result into an
 `IterationResult`. `write_trace` writes a Chrome trace of one evaluation.
 """
 
@@ -38,23 +38,28 @@ class IterationResult:
         return float(np.mean([idle / self.iteration_s for idle in self.idle_s.values()]))
 
 
-def lanes(dag: Dag, costs: Costs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(duration, incoming transfer, blocking send) seconds of every vertex, each (V, 1)."""
-    dur = costs.vertex_times(dag.groups, dag.gidx, dag.kind, dag.mb)
-    p2p = np.array([costs.p2p(a, b) for a, b in dag.pairs] + [0.0])  # last: no transfer
-    edge = p2p[dag.in_pair]
-    send = p2p[dag.out_pair] if costs.send_blocks else np.zeros(dag.V)
-    return dur[:, None], edge[:, None], send[:, None]
+def lanes(dag: Dag, costs: Costs) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per unit: (duration, incoming transfer, blocking send) seconds, each (V, members)."""
+    out = []
+    for u in dag.units:
+        members, width = len(u.replicas), len(u.groups)
+        gidx = np.arange(members)[None, :] * width + u.gi[:, None]  # (V, members) into member_groups
+        dur = costs.vertex_times(u.member_groups(), gidx, u.kind[:, None], u.mb)
+        p2p = np.array([[costs.p2p(a, b) for a, b in u.member_pairs(r)] + [0.0] for r in range(members)]).T
+        edge = p2p[u.in_pair]  # (V, members); pair -1: the zero row
+        send = p2p[u.out_pair] if costs.send_blocks else np.zeros_like(dur)
+        out.append((dur, edge, send))
+    return out
 
 
 def evaluate(program: Program, costs: Costs, keep_spans: bool = False) -> IterationResult:
     """One iteration of `program` under `costs` (`keep_spans`: every chunk's start and end too)."""
     dag = Dag.of(program)
-    dur, edge, send = lanes(dag, costs)
-    end, free = dag.run(dur, edge, send)
-    group_end = dag.sync(free, costs.segment_s, costs.step_s)[:, 0].tolist()
+    ln = lanes(dag, costs)
+    times = dag.run(ln)
+    group_end = dag.sync([free for _, free in times], costs.segment_s, costs.step_s).tolist()
     iteration = max(group_end) if group_end else 0.0
-    busy_g = dag.group_sums(dur)[:, 0].tolist()
+    busy_g = dag.group_sums([dur for dur, _, _ in ln]).tolist()
     plan = program.plan
     busy, idle, peak_mem = {}, {}, {}
     mem_static, mem_act = costs.mem_static, costs.mem_act
@@ -66,13 +71,17 @@ def evaluate(program: Program, costs: Costs, keep_spans: bool = False) -> Iterat
             peak_mem[dev] = mem_static.get(dev, 0.0) + live * mem_act.get(dev, 0.0)
     spans: dict = {}
     if keep_spans:
-        start = np.maximum(free[dag.prev], end[dag.dep] + edge)[:, 0]
-        stop = end[:-1, 0]
+        starts = [
+            np.maximum(free[u.prev], end[u.dep] + edge)
+            for u, (end, free), (_, edge, _) in zip(dag.units, times, ln)
+        ]
         for g in dag.groups:
-            v = dag.vertices(g)
-            spans[g] = [
-                (*c, t0, t1) for c, t0, t1 in zip(program.chunks[g], start[v].tolist(), stop[v].tolist())
-            ]
+            k, r, v = dag.vertices(g)
+            if k < 0:
+                spans[g] = []
+                continue
+            t0, t1 = starts[k][v, r].tolist(), times[k][0][v, r].tolist()
+            spans[g] = [(*c, a, b) for c, a, b in zip(program.chunks[g], t0, t1)]
     ends = dict(zip(dag.groups, group_end))
     return IterationResult(iteration, busy, idle, peak_mem, dict(dag.live_peak), ends, spans)
 
