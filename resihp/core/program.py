@@ -134,88 +134,102 @@ def _greedy_orders(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> t
     """
     sched = get_schedule(plan.schedule)
     last = [len(st) - 1 for st in plan.replicas]
-    # Per group: one record [heap of ready F micro-batches, live count, live limit] per source
-    # replica; B and W ready chunks as heaps of (j, src).
-    sources: dict[GroupKey, dict[int, list]] = {}
+    keys = list(work)
+    index = {g: k for k, g in enumerate(keys)}
+    # Per group (by index): one record [heap of ready F micro-batches, live count, live limit] per
+    # source replica; B and W ready chunks as heaps of (j, src).
+    sources: list[dict[int, list]] = []
     for g, items in work.items():
         count: dict[int, int] = {}
         for _, src in items:
             count[src] = count.get(src, 0) + 1
         p = len(plan.replicas[g[0]])
-        sources[g] = {src: [[], 0, sched.live(n, g[1], p)] for src, n in count.items()}
+        recs = {src: [[], 0, sched.live(n, g[1], p)] for src, n in count.items()}
         if g[1] == 0:
             for j, src in items:
-                sources[g][src][0].append(j)
-            for rec in sources[g].values():
+                recs[src][0].append(j)
+            for rec in recs.values():
                 heapq.heapify(rec[0])
-    ready_bw: dict[GroupKey, tuple[list, list]] = {g: ([], []) for g in work}
+        sources.append(recs)
+    ready_b: list[list] = [[] for _ in keys]
+    ready_w: list[list] = [[] for _ in keys]
     grad_kind = sched.grad_kind
     one_f_one_b = sched.list_w_follows_b
     # 1F1B runs each W right after its B (`forced`), so W is never picked on its own there.
     preference = sched.list_preference
-    orders: dict[GroupKey, list[Chunk]] = {g: [] for g in work}
-    rounds: dict[GroupKey, list[int]] = {g: [] for g in work}
-    forced: dict[GroupKey, tuple[int, int] | None] = dict.fromkeys(work, None)
+    orders: list[list[Chunk]] = [[] for _ in keys]
+    rounds: list[list[int]] = [[] for _ in keys]
+    forced: list[tuple[int, int] | None] = [None] * len(keys)
+    stage = [g[1] for g in keys]
     total = sum(3 * len(v) for v in work.values())
     done = now = 0
     moved = plan._exec  # (src, j, stage) -> executing replica, for migrated chunks only
     heappush, heappop = heapq.heappush, heapq.heappop
 
-    active = {g: None for g in work if g[1] == 0}  # groups that may have work; others wait for a push
+    def at(src: int, j: int, i: int) -> int:
+        """Index of the group that runs stage i of (src, j)."""
+        return index[(moved.get((src, j, i), src), i)]
+
+    active = {k: None for k, g in enumerate(keys) if g[1] == 0}  # groups that may have work
     while done < total:
         finished: list[tuple[int, int, int, int]] = []
-        for g in list(active):
-            key = forced[g]
+        for k in list(active):
+            key = forced[k]
             if key is not None:
-                forced[g] = None  # 1F1B: the W of the B just run (never queued)
+                forced[k] = None  # 1F1B: the W of the B just run (never queued)
                 kind = W
             else:
                 best = None  # the ready F of lowest (micro-batch, source) whose source has room
-                for src, rec in sources[g].items():
+                for src, rec in sources[k].items():
                     h = rec[0]
                     if h and rec[1] < rec[2] and (best is None or (h[0], src) < best):
                         best = (h[0], src)
                 kind = None
-                bw = ready_bw[g]
-                for k in preference:
-                    key = best if k == F else (bw[k - 1][0] if bw[k - 1] else None)
+                for kd in preference:
+                    if kd == F:
+                        key = best
+                    else:
+                        heap = ready_b[k] if kd == B else ready_w[k]
+                        key = heap[0] if heap else None
                     if key is not None:
-                        kind = k
+                        kind = kd
                         break
                 if kind is None:
-                    del active[g]
+                    del active[k]
                     continue
                 if kind == F:
-                    heappop(sources[g][key[1]][0])
+                    heappop(sources[k][key[1]][0])
                 else:
-                    heappop(bw[kind - 1])
+                    heappop(ready_b[k] if kind == B else ready_w[k])
             j, src = key
-            orders[g].append((kind, src, j))
-            rounds[g].append(now)
+            orders[k].append((kind, src, j))
+            rounds[k].append(now)
             if kind == F:
-                sources[g][src][1] += 1
+                sources[k][src][1] += 1
             elif kind == W:
-                sources[g][src][1] -= 1
+                sources[k][src][1] -= 1
             elif one_f_one_b:
-                forced[g] = key
-            finished.append((kind, src, j, g[1]))
+                forced[k] = key
+            finished.append((kind, src, j, stage[k]))
         assert finished, "list scheduling stalled: no group could start a chunk"
         done += len(finished)
         now += 1
         for kind, src, j, i in finished:
             if kind == F:
                 if i < last[src]:
-                    nxt = (moved.get((src, j, i + 1), src), i + 1) if moved else (src, i + 1)
+                    nxt = at(src, j, i + 1)
                     heappush(sources[nxt][src][0], j)
                     active[nxt] = None
                 else:
-                    heappush(ready_bw[(moved.get((src, j, i), src), i) if moved else (src, i)][0], (j, src))
+                    heappush(ready_b[at(src, j, i)], (j, src))
             elif kind == B and not one_f_one_b:
-                heappush(ready_bw[(moved.get((src, j, i), src), i) if moved else (src, i)][1], (j, src))
+                heappush(ready_w[at(src, j, i)], (j, src))
             if kind == grad_kind and i > 0:
-                up = (moved.get((src, j, i - 1), src), i - 1) if moved else (src, i - 1)
-                heappush(ready_bw[up][0], (j, src))
+                up = at(src, j, i - 1)
+                heappush(ready_b[up], (j, src))
                 active[up] = None
+    orders = dict(zip(keys, orders))
+    rounds = dict(zip(keys, rounds))
     return orders, rounds
 
 
