@@ -9,7 +9,9 @@ Rows: `resihp-paper`; `resihp` (default: candidates ranked by the analytic proxy
 plus the paper's plan then costed by the full ITP pass, resihp.sim.predict); `resihp plan-only`
 (dag_top=0: the choice on the proxy alone, i.e. the replan without the ITP pass that prices it).
 Reports the median of `repeats` calls after one warm-up call (caches of the job's initial plan
-and packed batch). Run: .venv/bin/python benchmarks/sched_latency.py [--quick]
+and packed batch). Before every timed call the compiled-Program memo is emptied
+(`core.program.forget_compiled`), so each call compiles its candidates as a real replan does.
+Run: .venv/bin/python benchmarks/sched_latency.py [--quick]
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 import time
 
 from resihp.core import Cluster, Workload, model_preset
+from resihp.core.program import forget_compiled
 from resihp.core.scenario import Job
 from resihp.sched import ResiHP, ResiHPPaper
 
@@ -44,6 +47,7 @@ def bench(case, policies, repeats):
         policy.adapt(job, plan0, cluster, [])
         times = []
         for _ in range(repeats):
+            forget_compiled()
             t0 = time.perf_counter()
             decision = policy.adapt(job, plan0, cluster, [])
             times.append(time.perf_counter() - t0)

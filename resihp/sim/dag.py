@@ -214,7 +214,8 @@ class Dag:
                 self.where[g] = None
                 self.groups.append(g)
         self.group_index = {g: k for k, g in enumerate(self.groups)}
-        live = program.live_peaks([g for u in self.units for g in u.groups])
+        migrating = len(self.units) == 1 and self.units[0].members is None
+        live = program.live_peaks(None if migrating else [g for u in self.units for g in u.groups])
         self.live_peak = {
             g: 0 if w is None else live[self.units[w[0]].groups[w[2]]] for g, w in self.where.items()
         }  # members share their representative's order
