@@ -3,7 +3,8 @@
 Kept only to check `resihp.sim.dag` against: the same recurrence, walked group by group in program
 order, advancing a group while its next chunk's data dependency is done, then the gradient
 segments reduced in layer order and the step. It shares nothing with the evaluator but the
-Program, the Costs and the Schedule's gradient point.
+Program (its chunk orders and segments), the Costs (with `linear_time`) and the Schedule's
+gradient point.
 """
 
 from __future__ import annotations
