@@ -13,6 +13,8 @@ the choice on the proxy alone); for fail-slow batches also `resihp +before`, the
 runtime makes (`adapt(..., before=...)`: the candidates re-ranked on the cluster before the
 reports, to tell whether they are why the plan changes). Reports the median of `repeats` calls
 after one warm-up call (caches of the packed batch and memory bounds).
+Before every timed call the compiled-Program memo is emptied (`core.program.forget_compiled`),
+so each call compiles its candidates as a real replan does.
 Run: .venv/bin/python benchmarks/sched_latency.py [--quick] [--small]
 """
 
@@ -23,6 +25,7 @@ import sys
 import time
 
 from resihp.core import Cluster, FailureReport, Workload, model_preset
+from resihp.core.program import forget_compiled
 from resihp.core.scenario import Job
 from resihp.sched import PlanningContext, ResiHP, ResiHPPaper
 
@@ -65,6 +68,7 @@ def bench(case, policies, repeats, kinds):
             policy.adapt(ctx, ctx.home, cluster, reports, **kw)
             times = []
             for _ in range(repeats):
+                forget_compiled()
                 t0 = time.perf_counter()
                 decision = policy.adapt(ctx, ctx.home, cluster, reports, **kw)
                 times.append(time.perf_counter() - t0)

@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from .model_spec import ModelSpec
+from .schedule import SCHEDULES as _REGISTRY
 
-SCHEDULES = ("gpipe", "1f1b", "zbh1")
+SCHEDULES = tuple(_REGISTRY)  # names of core.schedule's registry
 
 
 def even_split(total: int, parts: int) -> tuple[int, ...]:

@@ -6,32 +6,27 @@ into full per-device instruction lists (with RECV/SEND/ALLREDUCE/STEP) on demand
 simulator and the runtime read the same Program: the simulator predicts exactly what runs.
 
 A chunk is (kind, src, j): kind F=0, B=1 (input gradient), W=2 (weight gradient) of micro-batch j
-of source replica `src`, at the group's stage. Order per group follows the schedule template over
-the group's micro-batches sorted by (j, src) (native and migrated-in alike):
-
-- gpipe: all F, then B/W pairs;
-- 1f1b: min(p-1-i, n) warm-up F, then (F, B, W) steps, then (B, W) cool-down; B and W form one
-  backward, and the gradient goes upstream after W;
-- zbh1 (zero-bubble H1): the 1F1B order of F and B, with stage i holding its W chunks back by i
-  steps, so the gradient chain upstream waits only for B. Every stage then keeps at most p
-  micro-batches live (1F1B's stage-0 peak) and the bubble shrinks from (p-1)(F+B+W) to
-  (p-1)(F+B-W) with equal chunk costs.
-
-Plans with migrated chunks take their orders from a unit-time list-scheduling run instead
-(`_greedy_orders`), which is deadlock-free by construction.
+of source replica `src`, at the group's stage. A group's order follows its schedule's template
+(`core.schedule`) over the group's micro-batches sorted by (j, src). Plans with migrated chunks
+take their orders from a unit-time list-scheduling run instead (`_greedy_orders`), which is
+deadlock-free by construction. Each group's ALLREDUCE names the gradient segments its stage holds
+(`core.segments`).
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from .plan import Plan
+import numpy as np
 
-F, B, W = 0, 1, 2
-KIND_NAMES = ("F", "B", "W")
+from .plan import Plan
+from .schedule import KIND_NAMES, B, Chunk, F, W, get_schedule
+from .segments import GradSegment, grad_segments
+
+__all__ = ["B", "F", "KIND_NAMES", "W", "Chunk", "GroupKey", "Instr", "Program", "compile_plan"]
 GroupKey = tuple[int, int]  # (replica, stage)
-Chunk = tuple[int, int, int]  # (kind, src replica, micro-batch)
 
 
 @dataclass(frozen=True)
@@ -39,7 +34,8 @@ class Instr:
     """One primitive. `op` in F, B, W, SEND, RECV, ALLREDUCE, STEP.
 
     For SEND/RECV, `what` is "act" or "grad" and `peer` the (replica, stage) group at the other end.
-    For ALLREDUCE, `peer` is None and `group` lists the (replica, stage) groups reducing together.
+    For ALLREDUCE, `peer` is None and `segments` are the gradient segments the stage holds, in layer
+    order: each is reduced with its other holders (`GradSegment.reduce_set`).
     """
 
     op: str
@@ -48,7 +44,7 @@ class Instr:
     stage: int = -1
     what: str = ""
     peer: GroupKey | None = None
-    group: tuple[GroupKey, ...] = ()
+    segments: tuple[GradSegment, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -64,16 +60,43 @@ class Program:
     def devices(self, g: GroupKey) -> tuple[int, ...]:
         return self.plan.replicas[g[0]][g[1]].devices
 
-    def grad_group(self, g: GroupKey) -> tuple[GroupKey, ...]:
-        """Groups holding the same layer range as g (they all-reduce gradients together)."""
-        layers = self.plan.replicas[g[0]][g[1]].layers
-        return tuple(h for h in self.chunks if self.plan.replicas[h[0]][h[1]].layers == layers)
+    @property
+    def segments(self) -> tuple[GradSegment, ...]:
+        """The plan's gradient segments, in layer order."""
+        if "segments" not in self._cache:
+            self._cache["segments"] = grad_segments(self.plan)
+        return self._cache["segments"]
+
+    def segments_of(self, g: GroupKey) -> tuple[GradSegment, ...]:
+        """The segments group g holds (and reduces at its ALLREDUCE), in layer order."""
+        return tuple(seg for seg in self.segments if g in seg.groups)
+
+    def live_peaks(self, groups=None) -> dict[GroupKey, int]:
+        """Per group (default: all): most micro-batches holding activations (F done, W not yet) in
+        its order. Template orders keep exactly `Schedule.live` (tests/core checks it)."""
+        if groups is None:
+            if "live" not in self._cache:
+                self._cache["live"] = self.live_peaks(list(self.chunks))
+            return dict(self._cache["live"])
+        groups = list(groups)
+        sizes = [len(self.chunks[g]) for g in groups]
+        kinds = np.fromiter((c[0] for g in groups for c in self.chunks[g]), np.int64, sum(sizes))
+        held = np.cumsum((kinds == F).astype(np.int64) - (kinds == W))
+        starts = np.cumsum([0] + sizes[:-1]) if groups else np.zeros(0, np.int64)
+        base = np.where(starts > 0, held[np.maximum(starts - 1, 0)], 0) if len(held) else starts
+        out = {}
+        nonempty = [k for k, n in enumerate(sizes) if n]
+        if nonempty:
+            peaks = np.maximum.reduceat(held, starts[nonempty]) - base[nonempty]
+            out = dict(zip((groups[k] for k in nonempty), np.maximum(peaks, 0).tolist()))
+        return {g: out.get(g, 0) for g in groups}
 
     def instructions(self, device: int) -> list[Instr]:
         """The full ordered primitive list of one device."""
         plan = self.plan
         d, i = g = self.group_of(device)
         last = {src: len(plan.replicas[src]) - 1 for src in range(plan.dp)}
+        grad_kind = get_schedule(plan.schedule).grad_kind
         out: list[Instr] = []
         for kind, src, j in self.chunks[g]:
             if kind == F:
@@ -86,133 +109,169 @@ class Program:
                 if i < last[src]:
                     out.append(Instr("RECV", src, j, i, "grad", (plan.executor(src, j, i + 1), i + 1)))
                 out.append(Instr("B", src, j, i))
-                if i > 0 and plan.schedule == "zbh1":
-                    out.append(Instr("SEND", src, j, i, "grad", (plan.executor(src, j, i - 1), i - 1)))
             else:
                 out.append(Instr("W", src, j, i))
-                if i > 0 and plan.schedule != "zbh1":
-                    out.append(Instr("SEND", src, j, i, "grad", (plan.executor(src, j, i - 1), i - 1)))
-        out.append(Instr("ALLREDUCE", stage=i, group=self.grad_group(g)))
+            if kind == grad_kind and i > 0:
+                out.append(Instr("SEND", src, j, i, "grad", (plan.executor(src, j, i - 1), i - 1)))
+        out.append(Instr("ALLREDUCE", stage=i, segments=self.segments_of(g)))
         out.append(Instr("STEP", stage=i))
         del d
         return out
 
 
-def _order(schedule: str, mbs: list[tuple[int, int]], stage: int, num_stages: int) -> list[Chunk]:
-    n = len(mbs)
-    if schedule == "gpipe":
-        ops: list[Chunk] = [(F, s, j) for s, j in mbs]
-        for s, j in mbs:
-            ops += [(B, s, j), (W, s, j)]
-        return ops
-    w = min(num_stages - 1 - stage, n)  # warm-up forwards, as in 1F1B
-    lag = stage if schedule == "zbh1" else 0  # W chunks held back behind their B
-    ops = [(F, s, j) for s, j in mbs[:w]]
-    deferred: list[Chunk] = []
-    for k in range(n):
-        if w + k < n:
-            ops.append((F, *mbs[w + k]))
-        ops.append((B, *mbs[k]))
-        deferred.append((W, *mbs[k]))
-        if len(deferred) > lag:
-            ops.append(deferred.pop(0))
-    return ops + deferred
-
-
-def _greedy_orders(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> dict[GroupKey, list[Chunk]]:
-    """Orders for plans with migrated chunks, read off a unit-time list-scheduling run.
+def _greedy_orders(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> tuple[dict, dict]:
+    """Orders for plans with migrated chunks, read off a unit-time list-scheduling run, and the
+    round each chunk started in (a topological numbering of the Program's DAG: a chunk's
+    predecessors all started in earlier rounds).
 
     Static templates cannot be merged safely when a group serves several source pipelines (its
     1F1B steady state is offset against theirs and the orders can wait on each other in a cycle).
-    Instead every group, whenever idle, starts a ready chunk: a B first (its W right after, except
-    for zbh1), else an F while fewer than the schedule's limit of *that source pipeline's*
-    micro-batches are live, else (zbh1) a deferred W; ties go to the lowest (micro-batch, source).
-    The per-source limit lets migrated-in work fill its own pipeline (one shared limit starves both
-    pipelines); the extra live activations are the memory cost of migration, which the simulator
-    reports in its peak memory. The orders are an actual execution, so the Program is
+    Instead every group, whenever idle, starts a ready chunk of the kind the schedule prefers
+    (`Schedule.list_preference`; 1F1B: a B first, its W right after): an F only while fewer of
+    *that source pipeline's* micro-batches are live than the schedule's template would keep live
+    for that source's micro-batches at this stage (`Schedule.live`); ties go to the lowest
+    (micro-batch, source). The per-source limit lets migrated-in work fill its own pipeline (one
+    shared limit starves both pipelines); the extra live activations are the memory cost of
+    migration, which the simulator reports in its peak memory (and the scheduler's memory check
+    reads off the compiled Program). The orders are an actual execution, so the Program is
     deadlock-free under any timing.
     """
+    sched = get_schedule(plan.schedule)
     last = [len(st) - 1 for st in plan.replicas]
-    limits = {}
-    for g in work:
-        p = len(plan.replicas[g[0]])
-        limits[g] = {"gpipe": 10**9, "1f1b": p - g[1], "zbh1": p}[plan.schedule]
-    # Ready chunks per group: F per source replica (heaps of j, so the per-source live limit is
-    # cheap to apply), B and W as heaps of (j, src).
-    ready_f: dict[GroupKey, dict[int, list[int]]] = {g: {} for g in work}
-    ready_bw: dict[GroupKey, tuple[list, list]] = {g: ([], []) for g in work}
+    keys = list(work)
+    index = {g: k for k, g in enumerate(keys)}
+    # Per group (by index): one record [heap of ready F micro-batches, live count, live limit] per
+    # source replica; B and W ready chunks as heaps of (j, src).
+    sources: list[dict[int, list]] = []
     for g, items in work.items():
+        count: dict[int, int] = {}
+        for _, src in items:
+            count[src] = count.get(src, 0) + 1
+        p = len(plan.replicas[g[0]])
+        recs = {src: [[], 0, sched.live(n, g[1], p)] for src, n in count.items()}
         if g[1] == 0:
             for j, src in items:
-                ready_f[g].setdefault(src, []).append(j)
-            for heap in ready_f[g].values():
-                heapq.heapify(heap)
-    grad_kind = B if plan.schedule == "zbh1" else W
-    one_f_one_b = plan.schedule == "1f1b"
+                recs[src][0].append(j)
+            for rec in recs.values():
+                heapq.heapify(rec[0])
+        sources.append(recs)
+    ready_b: list[list] = [[] for _ in keys]
+    ready_w: list[list] = [[] for _ in keys]
+    grad_kind = sched.grad_kind
+    one_f_one_b = sched.list_w_follows_b
     # 1F1B runs each W right after its B (`forced`), so W is never picked on its own there.
-    preference = {"gpipe": (F, B, W), "1f1b": (B, F), "zbh1": (B, F, W)}[plan.schedule]
-    orders: dict[GroupKey, list[Chunk]] = {g: [] for g in work}
-    live: dict[tuple[GroupKey, int], int] = {}  # (group, source replica) -> live micro-batches
-    forced: dict[GroupKey, tuple[int, int] | None] = dict.fromkeys(work, None)
+    preference = sched.list_preference
+    orders: list[list[Chunk]] = [[] for _ in keys]
+    rounds: list[list[int]] = [[] for _ in keys]
+    forced: list[tuple[int, int] | None] = [None] * len(keys)
+    stage = [g[1] for g in keys]
     total = sum(3 * len(v) for v in work.values())
-    done = 0
+    done = now = 0
     moved = plan._exec  # (src, j, stage) -> executing replica, for migrated chunks only
+    heappush, heappop = heapq.heappush, heapq.heappop
 
-    def executor(src: int, j: int, i: int) -> int:
-        return moved.get((src, j, i), src) if moved else src
+    def at(src: int, j: int, i: int) -> int:
+        """Index of the group that runs stage i of (src, j)."""
+        return index[(moved.get((src, j, i), src), i)]
 
-    active = {g: None for g in work if g[1] == 0}  # groups that may have work; others wait for a push
+    active = {k: None for k, g in enumerate(keys) if g[1] == 0}  # groups that may have work
     while done < total:
         finished: list[tuple[int, int, int, int]] = []
-        for g in list(active):
-            key = forced[g]
-            kind = W if key else None
-            if key is None:
-                room = None
-                for src, h in ready_f[g].items():
-                    if h and (room is None or (h[0], src) < room) and live.get((g, src), 0) < limits[g]:
-                        room = (h[0], src)
-                for k in preference:
-                    key = room if k == F else (ready_bw[g][k - 1][0] if ready_bw[g][k - 1] else None)
+        for k in list(active):
+            key = forced[k]
+            if key is not None:
+                forced[k] = None  # 1F1B: the W of the B just run (never queued)
+                kind = W
+            else:
+                best = None  # the ready F of lowest (micro-batch, source) whose source has room
+                for src, rec in sources[k].items():
+                    h = rec[0]
+                    if h and rec[1] < rec[2] and (best is None or (h[0], src) < best):
+                        best = (h[0], src)
+                kind = None
+                for kd in preference:
+                    if kd == F:
+                        key = best
+                    else:
+                        heap = ready_b[k] if kd == B else ready_w[k]
+                        key = heap[0] if heap else None
                     if key is not None:
-                        kind = k
+                        kind = kd
                         break
                 if kind is None:
-                    del active[g]
+                    del active[k]
                     continue
                 if kind == F:
-                    heapq.heappop(ready_f[g][key[1]])
+                    heappop(sources[k][key[1]][0])
                 else:
-                    heapq.heappop(ready_bw[g][kind - 1])
-            else:
-                forced[g] = None  # 1F1B: the W of the B just run (never queued)
+                    heappop(ready_b[k] if kind == B else ready_w[k])
             j, src = key
-            orders[g].append((kind, src, j))
-            live[(g, src)] = live.get((g, src), 0) + (1 if kind == F else (-1 if kind == W else 0))
-            if kind == B and one_f_one_b:
-                forced[g] = key
-            finished.append((kind, src, j, g[1]))
+            orders[k].append((kind, src, j))
+            rounds[k].append(now)
+            if kind == F:
+                sources[k][src][1] += 1
+            elif kind == W:
+                sources[k][src][1] -= 1
+            elif one_f_one_b:
+                forced[k] = key
+            finished.append((kind, src, j, stage[k]))
         assert finished, "list scheduling stalled: no group could start a chunk"
         done += len(finished)
+        now += 1
         for kind, src, j, i in finished:
             if kind == F:
                 if i < last[src]:
-                    nxt = (executor(src, j, i + 1), i + 1)
-                    heapq.heappush(ready_f[nxt].setdefault(src, []), j)
+                    nxt = at(src, j, i + 1)
+                    heappush(sources[nxt][src][0], j)
                     active[nxt] = None
                 else:
-                    heapq.heappush(ready_bw[(executor(src, j, i), i)][B - 1], (j, src))
+                    heappush(ready_b[at(src, j, i)], (j, src))
             elif kind == B and not one_f_one_b:
-                heapq.heappush(ready_bw[(executor(src, j, i), i)][W - 1], (j, src))
+                heappush(ready_w[at(src, j, i)], (j, src))
             if kind == grad_kind and i > 0:
-                up = (executor(src, j, i - 1), i - 1)
-                heapq.heappush(ready_bw[up][B - 1], (j, src))
+                up = at(src, j, i - 1)
+                heappush(ready_b[up], (j, src))
                 active[up] = None
-    return orders
+    orders = dict(zip(keys, orders))
+    rounds = dict(zip(keys, rounds))
+    return orders, rounds
+
+
+_COMPILED: OrderedDict[tuple, Program] = OrderedDict()  # memo of compile_plan by layout, newest last
+MEMO_CHUNKS = 2_000_000  # most chunks the memo keeps (about 100 MB of Programs)
 
 
 def compile_plan(plan: Plan) -> Program:
-    """Per-group ordered chunk lists for `plan.schedule`."""
+    """Per-group ordered chunk lists for `plan.schedule`.
+
+    Memoised (a pure function of the Plan; a bounded LRU of recent Programs): the scheduler's
+    memory check, every sampled iteration of the job simulator and the policies' predictions of
+    one candidate then share one Program and the evaluator structure cached on it. Plans that
+    differ only in generation or standby devices share the compiled layout."""
+    key = (plan.model, plan.replicas, plan.microbatches, plan.schedule, plan.assignment)
+    hit = _COMPILED.get(key)
+    if hit is not None:
+        _COMPILED.move_to_end(key)
+        return hit if hit.plan is plan else Program(plan, hit.chunks, hit._device_group, hit._cache)
+    program = _compile(plan)
+    _COMPILED[key] = program
+    total = sum(_size(p) for p in _COMPILED.values())
+    while len(_COMPILED) > 1 and (len(_COMPILED) > 16 or total > MEMO_CHUNKS):
+        _, old = _COMPILED.popitem(last=False)
+        total -= _size(old)
+    return program
+
+
+def forget_compiled() -> None:
+    """Empty the compile_plan memo (a benchmark timing cold compiles calls this)."""
+    _COMPILED.clear()
+
+
+def _size(program: Program) -> int:
+    return 3 * program.plan.global_microbatches * max(len(s) for s in program.plan.replicas)
+
+
+def _compile(plan: Plan) -> Program:
     work: dict[GroupKey, list[tuple[int, int]]] = {}
     for d, stages in enumerate(plan.replicas):
         for i, st in enumerate(stages):
@@ -224,12 +283,17 @@ def compile_plan(plan: Plan) -> Program:
                 work[(plan.executor(src, j, i), i)].append((j, src))
     for items in work.values():
         items.sort()
+    rounds = None
     if plan.assignment:
-        chunks = _greedy_orders(plan, work)
+        chunks, rounds = _greedy_orders(plan, work)
     else:
+        sched = get_schedule(plan.schedule)
         chunks = {
-            g: _order(plan.schedule, [(s, j) for j, s in items], g[1], len(plan.replicas[g[0]]))
+            g: sched.order([(s, j) for j, s in items], g[1], len(plan.replicas[g[0]]))
             for g, items in work.items()
         }
     device_group = {dev: g for g in work for dev in plan.replicas[g[0]][g[1]].devices}
-    return Program(plan, chunks, device_group)
+    program = Program(plan, chunks, device_group)
+    if rounds is not None:
+        program._cache["rounds"] = rounds  # the evaluator's level order (sim.dag)
+    return program

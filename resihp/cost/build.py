@@ -23,6 +23,7 @@ from resihp.core.cluster import Cluster
 from resihp.core.costs import Costs
 from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan
+from resihp.core.segments import grad_segments
 
 from . import flops, memory
 from .comm import Links, dp_ring, pp_transfer_s, ring_allreduce_s, tp_comm_coeffs
@@ -79,20 +80,6 @@ def _chunk_table(model, hw, num_layers, first, last, tp_split, ffn_split, speeds
     return table
 
 
-def _device_memory(model, num_layers, first, last, tp_split, ffn_split, dp, t_max, optimizer, sp):
-    """Per-rank (static bytes, activation bytes per live micro-batch) of a group."""
-    tp = len(tp_split)
-    bpp = memory.bytes_per_param(optimizer, dp)
-    logits = memory.logits_bytes(model, t_max, tp) if last else 0.0
-    out = []
-    for hk, fk in zip(tp_split, ffn_split):
-        hs, fs = hk / model.heads, fk / model.ffn
-        params = memory.device_params(model, num_layers, first, last, tp, hs, fs)
-        act = num_layers * t_max * memory.activation_bytes_per_token(model, tp, hs, fs, sp)
-        out.append((params * bpp + logits, act, params))
-    return out
-
-
 def build_costs(
     model: ModelSpec,
     plan: Plan,
@@ -107,18 +94,20 @@ def build_costs(
     send_blocks: bool = True,
     tp_exposed: float = 1.0,
     dp_exposed_fraction: float | None = None,
+    vocab_parallel: bool = True,
 ) -> Costs:
     """Chunk times, transfer times, gradient sync, optimizer step and memory of `plan` on `cluster`.
 
     - `hardware`: a Hardware, a preset name, or None for `hardware_preset(cluster.gpu)`.
     - `c_att`: attention FLOPs convention for time (1/2: causal kernel).
     - `optimizer`: model-state scheme of memory.OPTIMIZERS (default distributed optimizer with fp32
-      gradients, sharded over the groups holding the same layers).
+      gradients, sharded over the groups holding the same layers: a gradient segment's holders).
     - `tp_exposed`: fraction of TP collective time not overlapped with compute (default all).
-    - `dp_exposed_fraction`: exposed fraction of a stage's gradient all-reduce; default None = the
-      last bucket only: one layer's gradients (plus the embedding on the first stage, whose gradient
-      is ready last), capped at Megatron DDP's bucket size max(40M, 1M·dp) parameters.
+    - `dp_exposed_fraction`: exposed fraction of a gradient segment's all-reduce; default None = the
+      last bucket only (`_gradient_sync`).
     - `send_blocks`: a PP send occupies the sender's compute stream (baselines.md §2.1).
+    - `vocab_parallel`: embedding and LM head split over the TP group (Megatron, default) or held
+      whole by every rank (this repository's runtime); see `memory.shard_params`.
     """
     hw = resolve_hardware(hardware, cluster)
     tokens = np.asarray(tokens, dtype=np.float64)
@@ -127,29 +116,21 @@ def build_costs(
     n_mean, sq_mean, t_max = float(tokens.mean()), float(sum_sq.mean()), float(tokens.max())
     links = Links(cluster, hw)
     speed, alive = cluster.speed, cluster.alive
-    grad_bytes = memory.GRAD_BYTES.get(optimizer, 2)
     memory.bytes_per_param(optimizer, 1)  # validates the name
-
-    by_layers: dict[tuple[int, int], list[tuple[int, int]]] = {}
-    for d, stages in enumerate(plan.replicas):
-        for i, st in enumerate(stages):
-            if not st.hollow:
-                by_layers.setdefault(st.layers, []).append((d, i))
+    segments = grad_segments(plan)
+    parts = stage_parts(segments)
 
     chunk: dict[tuple[int, int], np.ndarray] = {}
     mem_static: dict[int, float] = {}
     mem_act: dict[int, float] = {}
-    allreduce_s: dict[tuple[int, int], float] = {}
-    step_s = 0.0
     table_cache: dict = {}
     mem_cache: dict = {}
     tp_cache: dict = {}
-    for keys in by_layers.values():
-        dp = len(keys)
-        exposed_params = 0.0
-        for d, i in keys:
-            st = plan.replicas[d][i]
-            first, last = i == 0, i == len(plan.replicas[d]) - 1
+    for d, stages in enumerate(plan.replicas):
+        for i, st in enumerate(stages):
+            if st.hollow:
+                continue
+            first, last = i == 0, i == len(stages) - 1
             devs = st.devices
             sp = tuple(speed[k] for k in devs)
             assert all(alive[k] for k in devs), f"group {(d, i)} uses a dead device: {devs}"
@@ -167,39 +148,30 @@ def build_costs(
                 table[:2, 0] += tp_exposed * tp_c[0]
                 table[:2, 1] += tp_exposed * tp_c[1]
             chunk[(d, i)] = table
-            mkey = (st.num_layers, first, last, st.tp_split, st.ffn_split, dp)
+            mkey = (st.tp_split, st.ffn_split, parts[(d, i)])
             mem = mem_cache.get(mkey)
             if mem is None:
-                mem = mem_cache[mkey] = _device_memory(
-                    model, st.num_layers, first, last, st.tp_split, st.ffn_split, dp, t_max, optimizer,
-                    sequence_parallel,
+                mem = mem_cache[mkey] = memory.device_bytes(
+                    model, st.tp_split, st.ffn_split, parts[(d, i)], t_max, optimizer, sequence_parallel,
+                    vocab_parallel,
                 )  # fmt: skip
-            for k, (static, act, _) in zip(devs, mem):
+            for k, (static, act) in zip(devs, mem):
                 mem_static[k] = static
                 mem_act[k] = act
-            max_params = max(p for _, _, p in mem)
-            shard = max_params / dp if optimizer.startswith(("distopt", "zero")) else max_params
-            step_s = max(step_s, shard * STEP_BYTES_PER_PARAM / hw.hbm_bw)
-            if dp_exposed_fraction is None:
-                hs, fs = max(st.tp_split) / model.heads, max(st.ffn_split) / model.ffn
-                layer = memory.device_params(model, 1, first, False, st.tp, hs, fs)
-                last_bucket = min(layer, max(BUCKET_PARAMS, BUCKET_PARAMS_PER_DP * dp))
-            else:
-                last_bucket = dp_exposed_fraction * max_params
-            exposed_params = max(exposed_params, last_bucket)
-        if dp > 1:
-            bw, alpha = dp_ring([plan.replicas[d][i].devices for d, i in keys], links)
-            t = ring_allreduce_s(exposed_params * grad_bytes, dp, bw, alpha)
-            for g in keys:
-                allreduce_s[g] = t
+    sync = _gradient_sync(model, plan, segments, links, hw, optimizer, vocab_parallel, dp_exposed_fraction)
+    segment_s, allreduce_bytes, step_s = sync
 
     act_bytes = n_mean * model.hidden * 2.0
     p2p_cache: dict = {}
 
     def p2p(a: tuple[int, int], b: tuple[int, int]) -> float:
-        """Seconds to move one micro-batch's activation (or gradient) from group a to group b."""
+        """Seconds to move one micro-batch's activation (or gradient) from group a to group b.
+        Cached per pair of groups, or per shape when both lie inside one node each and no degraded
+        link touches them (then only the sizes and whether the nodes differ matter)."""
         send, recv = plan.replicas[a[0]][a[1]].devices, plan.replicas[b[0]][b[1]].devices
         key = (send, recv)
+        if _one_node(send, links) and _one_node(recv, links) and not links.devices.intersection(send + recv):
+            key = (len(send), len(recv), send[0] // links.gpn == recv[0] // links.gpn)
         if key not in p2p_cache:
             p2p_cache[key] = pp_transfer_s(act_bytes, send, recv, links)
         return p2p_cache[key]
@@ -209,12 +181,82 @@ def build_costs(
         sum_sq=sum_sq,
         chunk=chunk,
         p2p=p2p,
-        allreduce_s=allreduce_s,
+        segment_s=segment_s,
         step_s=step_s,
         mem_static=mem_static,
         mem_act=mem_act,
         send_blocks=send_blocks,
+        allreduce_bytes=allreduce_bytes,
     )
+
+
+def stage_parts(segments) -> dict[tuple[int, int], tuple[tuple[int, bool, bool, int], ...]]:
+    """Per holder group: its gradient segments as `memory.device_bytes` parts, in layer order."""
+    out: dict = {}
+    for seg in segments:
+        for g in seg.groups:
+            out.setdefault(g, []).append((seg.num_layers, seg.with_embedding, seg.with_head, len(seg.groups)))
+    return {g: tuple(v) for g, v in out.items()}
+
+
+def _gradient_sync(model, plan, segments, links, hw, optimizer, vocab_parallel, dp_exposed_fraction):
+    """(exposed seconds per segment, bytes all-reduced per device, optimizer step seconds).
+
+    A sharded segment's TP rank r of every holder joins ring r with its shard; a full segment's
+    holder devices form one ring over the unsharded layout. Each device hands its segment's
+    elements (x `GRAD_BYTES`) to the all-reduce; a segment with one holder reduces nothing. Only
+    the segment's last bucket is exposed (Megatron DDP overlaps the rest with the backward): one
+    layer's gradients (plus the embedding when the segment starts at layer 0, whose gradient is
+    ready last), capped at max(40M, 1M x ranks) parameters; or `dp_exposed_fraction` of the
+    segment's largest shard. The step updates each device's shard of every segment, divided by
+    the segment's holders under a sharded optimizer.
+    """
+    grad_bytes = memory.GRAD_BYTES.get(optimizer, 2)
+    sharded_opt = optimizer.startswith(("distopt", "zero"))
+    segment_s: dict[tuple[int, int], float] = {}
+    allreduce_bytes: dict[int, float] = {}
+    local: dict[int, float] = {}  # parameters each device updates at the step
+    count_cache: dict = {}
+
+    def count(n, emb, head, tp_split, ffn_split, r):
+        key = (n, emb, head, tp_split, ffn_split, r)
+        if key not in count_cache:
+            count_cache[key] = memory.shard_params(
+                model, n, emb, head, tp_split, ffn_split, r, vocab_parallel
+            )
+        return count_cache[key]
+
+    for seg in segments:
+        holders = len(seg.groups)
+        n, emb, head = seg.num_layers, seg.with_embedding, seg.with_head
+        for st in seg.stages:
+            for r, dev in enumerate(st.devices):
+                own = count(n, emb, head, st.tp_split, st.ffn_split, r)
+                local[dev] = local.get(dev, 0.0) + (own / holders if sharded_opt else own)
+        if holders < 2:
+            continue
+        if seg.sharded:
+            st = seg.stages[0]
+            splits, ranks = (st.tp_split, st.ffn_split), holders
+            bw, alpha = dp_ring([s.devices for s in seg.stages], links)
+        else:
+            splits, ranks = ((model.heads,), (model.ffn,)), len(seg.devices)
+            bw, alpha = links.ring(seg.devices)
+        shards = range(len(splits[0]))
+        moved = [count(n, emb, head, *splits, r) for r in shards]
+        if dp_exposed_fraction is None:
+            layer = max(count(1, emb, False, *splits, r) for r in shards)
+            exposed = min(layer, max(BUCKET_PARAMS, BUCKET_PARAMS_PER_DP * ranks))
+        else:
+            exposed = dp_exposed_fraction * max(moved)
+        segment_s[seg.layers] = ring_allreduce_s(exposed * grad_bytes, ranks, bw, alpha)
+        for st in seg.stages:
+            for r, dev in enumerate(st.devices):
+                allreduce_bytes[dev] = (
+                    allreduce_bytes.get(dev, 0.0) + grad_bytes * moved[r if seg.sharded else 0]
+                )
+    step_s = max(local.values(), default=0.0) * STEP_BYTES_PER_PARAM / hw.hbm_bw
+    return segment_s, allreduce_bytes, step_s
 
 
 def _one_node(devs: tuple[int, ...], links: Links) -> bool:

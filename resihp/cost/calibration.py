@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from resihp.core.costs import linear_time
+
 _HUBER_K = 1.345  # 95% efficiency under Gaussian noise
 _MAD_TO_SIGMA = 1.4826
 
@@ -38,10 +40,12 @@ class LinearTime:
 
     def predict(self, n, sum_sq):
         """Vectorised prediction; scalars in give a float out."""
-        out = (
-            self.c0
-            + self.alpha * np.asarray(n, dtype=np.float64)
-            + self.beta * np.asarray(sum_sq, dtype=np.float64)
+        out = linear_time(
+            self.c0,
+            self.alpha,
+            self.beta,
+            np.asarray(n, dtype=np.float64),
+            np.asarray(sum_sq, dtype=np.float64),
         )
         return float(out) if out.ndim == 0 else out
 

@@ -70,6 +70,72 @@ def device_params(
     return num_layers * per_layer + (vocab if first else 0.0) + (vocab + h if last else 0.0)
 
 
+def shard_params(
+    model: ModelSpec,
+    num_layers: int,
+    embedding: bool,
+    head: bool,
+    tp_split: tuple[int, ...],
+    ffn_split: tuple[int, ...],
+    rank: int,
+    vocab_parallel: bool = True,
+) -> float:
+    """Parameters (= gradient elements) TP rank `rank` holds of `num_layers` layers, plus the
+    embedding (`embedding`) and the final norm + LM head (`head`), exactly as the shards lie.
+
+    Rank r holds a contiguous range of query heads, the kv heads those read (a kv head whose query
+    group straddles two ranks is held by both), its FFN columns and full norm weights. Embedding
+    and LM head are split evenly over the group when `vocab_parallel` (Megatron), else held whole
+    by every rank (this repository's runtime, `resihp.model.sharding`). The unsharded layout is
+    the one-rank split `((heads,), (ffn,), 0)`. Equals `device_params` for splits that cut kv
+    groups evenly (every uniform plan).
+    """
+    h, hd = model.hidden, model.head_dim
+    q0 = sum(tp_split[:rank])
+    q1 = q0 + tp_split[rank]
+    group = model.heads // model.kv_heads
+    q, kv = q1 - q0, (q1 - 1) // group + 1 - q0 // group
+    attn = 2 * q * hd * h + 2 * kv * hd * h + ((q + 2 * kv) * hd if model.qkv_bias else 0)
+    per_layer = attn + 3 * h * ffn_split[rank] + 2 * h
+    vocab = model.vocab * h / (len(tp_split) if vocab_parallel else 1)
+    return num_layers * per_layer + (vocab if embedding else 0.0) + (vocab + h if head else 0.0)
+
+
+def device_bytes(
+    model: ModelSpec,
+    tp_split: tuple[int, ...],
+    ffn_split: tuple[int, ...],
+    parts,
+    tokens: float,
+    optimizer: str = "distopt-fp32",
+    sequence_parallel: bool = True,
+    vocab_parallel: bool = True,
+) -> list[tuple[float, float]]:
+    """Per TP rank of a stage: (static bytes, activation bytes per live micro-batch).
+
+    `parts`: the stage's gradient segments as (num_layers, embedding, head, holders) tuples; each
+    part's model state costs `bytes_per_param(optimizer, holders)` per parameter (a distributed
+    optimizer shards it over the groups holding those layers). Static bytes add one micro-batch's
+    fp32 logits on the last stage (the part with the head). This is the one memory formula of the
+    simulator (`build_costs`) and of the scheduler's memory check (`sched.model`).
+    """
+    tp = len(tp_split)
+    last = any(head for _, _, head, _ in parts)
+    num_layers = sum(n for n, _, _, _ in parts)
+    logits = logits_bytes(model, tokens, tp) if last else 0.0
+    out = []
+    for r in range(tp):
+        static = sum(
+            shard_params(model, n, emb, head, tp_split, ffn_split, r, vocab_parallel)
+            * bytes_per_param(optimizer, k)
+            for n, emb, head, k in parts
+        )
+        hs, fs = tp_split[r] / model.heads, ffn_split[r] / model.ffn
+        act = num_layers * tokens * activation_bytes_per_token(model, tp, hs, fs, sequence_parallel)
+        out.append((static + logits, act))
+    return out
+
+
 def activation_bytes_per_token(
     model: ModelSpec,
     tp: int,

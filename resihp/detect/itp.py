@@ -7,10 +7,9 @@ iteration time of *this* iteration's micro-batches. After a Plan change the old 
 stage's layers or TP degree changed): `refit(plan, samples)` compiles the new Plan and fits again
 from the new warm-up samples.
 
-`BatchDag` evaluates the same DAG for many iterations at once (numpy over a leading batch axis):
-the benchmark needs the truth and the prediction of ~10⁶ iterations. It replays `evaluate`'s
-visiting order and arithmetic exactly (a test checks equality), with arbitrary per-chunk
-durations, incoming transfer times and blocking-send times instead of the linear form.
+`BatchDag` feeds the same evaluator (`resihp.sim.dag.Dag`) many iterations at once, with
+arbitrary per-chunk durations, incoming transfer times and blocking-send times instead of the
+linear form: the benchmark needs the truth and the prediction of ~10⁶ iterations.
 """
 
 from __future__ import annotations
@@ -22,9 +21,10 @@ import numpy as np
 from resihp.core.costs import Costs
 from resihp.core.plan import Plan
 from resihp.core.program import B, F, Program, W, compile_plan
+from resihp.core.schedule import get_schedule
 from resihp.cost.calibration import LinearTime, chunk_table, fit_linear_times
+from resihp.sim.dag import Dag
 from resihp.sim.pipeline import evaluate
-from resihp.sim.structure import Structure
 
 GroupKey = tuple[int, int]
 KINDS = {"F": F, "B": B, "W": W}
@@ -39,7 +39,7 @@ class ITP:
         fits: Mapping[tuple[GroupKey, str], LinearTime],
         p2p: Callable[[GroupKey, GroupKey], float] | float = 0.0,
         step_s: float = 0.0,
-        allreduce_s: Mapping[GroupKey, float] | None = None,
+        segment_s: Mapping[tuple[int, int], float] | None = None,
         send_blocks: bool = True,
     ) -> None:
         self.plan = plan
@@ -53,7 +53,7 @@ class ITP:
         }
         self.p2p = p2p if callable(p2p) else (lambda a, b, c=float(p2p): c)
         self.step_s = step_s
-        self.allreduce_s = dict(allreduce_s or {})
+        self.segment_s = dict(segment_s or {})  # exposed gradient sync per segment (layers -> s)
         self.send_blocks = send_blocks
 
     @classmethod
@@ -96,7 +96,7 @@ class ITP:
                 f"got {tokens.shape} / {sum_sq.shape}"
             )
         return Costs(
-            tokens, sum_sq, self.table, p2p=self.p2p, allreduce_s=self.allreduce_s, step_s=self.step_s,
+            tokens, sum_sq, self.table, p2p=self.p2p, segment_s=self.segment_s, step_s=self.step_s,
             send_blocks=self.send_blocks,
         )  # fmt: skip
 
@@ -106,7 +106,7 @@ class ITP:
 
 
 class BatchDag:
-    """`evaluate` vectorised over a batch of iterations with explicit per-chunk times.
+    """The DAG evaluator fed explicit per-chunk times of a batch of iterations.
 
     Per group g, chunk k (program order): `kind[g][k]`, `mb[g][k]` (global micro-batch index), and
     for dp = 1 plans `in_xfer[g][k]` / `out_xfer[g][k]`: the index of the transfer it waits for /
@@ -115,32 +115,16 @@ class BatchDag:
     """
 
     def __init__(self, program: Program) -> None:
-        st = Structure(program)
-        self.groups: list[GroupKey] = list(st.groups)
-        self.kind = {g: st.arrays[g][0] for g in self.groups}
-        self.mb = {g: st.arrays[g][1] for g in self.groups}
-        self.num_keys = st.num_keys
-        self._me, self._dep = st.me, st.dep
-        self.grad_groups = {g: program.grad_group(g) for g in self.groups}
-        # Visiting order of `evaluate`: advance each group while its data dependency is done.
-        done = np.zeros(st.num_keys, dtype=bool)
-        pos = dict.fromkeys(self.groups, 0)
-        self.order: list[tuple[GroupKey, int]] = []
-        while len(self.order) < sum(len(st.me[g]) for g in self.groups):
-            progressed = False
-            for g in self.groups:
-                k = pos[g]
-                while k < len(st.me[g]) and (st.dep[g][k] < 0 or done[st.dep[g][k]]):
-                    done[st.me[g][k]] = True
-                    self.order.append((g, k))
-                    k += 1
-                progressed |= k > pos[g]
-                pos[g] = k
-            assert progressed, "program deadlocks"
+        self.dag = dag = Dag.of(program)
+        self.groups: list[GroupKey] = [g for g in dag.groups if dag.where[g] is not None]
+        self.kind, self.mb = {}, {}
+        for g in self.groups:
+            k, r, v = dag.vertices(g)
+            self.kind[g], self.mb[g] = dag.units[k].kind[v], dag.units[k].mb[v, r]
         plan = program.plan
-        self.pp, self.m = st.p, st.m
+        self.pp, self.m = max(len(s) for s in plan.replicas), max(plan.microbatches)
         if plan.dp == 1 and not plan.assignment:
-            grad_kind = B if plan.schedule == "zbh1" else W
+            grad_kind = get_schedule(plan.schedule).grad_kind
             self.in_xfer, self.out_xfer = {}, {}
             for g in self.groups:
                 i, kind, j = g[1], self.kind[g], self.mb[g]
@@ -163,26 +147,27 @@ class BatchDag:
     ) -> np.ndarray:
         """(batch,) iteration seconds; `dur[g]`, `edge[g]`, `send[g]` are (batch, chunks of g).
 
-        `tail_s`: gradient sync + optimizer step after a group's gradient group is done.
+        `tail_s`: optimizer step (per group, or one for all) after the gradient sync, which here
+        takes no time of its own: a group steps once every holder of its segments is done.
         """
+        dag = self.dag
         shape = next(iter(dur.values())).shape[:-1]
-        end = np.full((self.num_keys, *shape), -1.0)
-        free = {g: np.zeros(shape) for g in self.groups}
-        for g, k in self.order:
-            t = free[g]
-            d = self._dep[g][k]
-            if d >= 0:
-                ready = end[d] + edge[g][..., k] if edge is not None else end[d]
-                t = np.maximum(t, ready)
-            t = t + dur[g][..., k]
-            end[self._me[g][k]] = t
-            free[g] = t + send[g][..., k] if send is not None else t
-        out = np.zeros(shape)
-        for g in self.groups:
-            ready = np.max([free[h] for h in self.grad_groups[g]], axis=0)
-            tail = tail_s.get(g, 0.0) if isinstance(tail_s, Mapping) else tail_s
-            out = np.maximum(out, ready + tail)
-        return out
+        n = int(np.prod(shape))
+        lanes = []
+        for u in dag.units:
+            lanes.append(tuple(np.zeros((u.V, len(u.replicas), n)) for _ in range(3)))
+        for which, given in enumerate((dur, edge, send)):
+            if given is None:
+                continue
+            for g in self.groups:
+                k, r, v = dag.vertices(g)
+                rows = np.broadcast_to(given[g], (*shape, len(v)))
+                lanes[k][which][v, r] = rows.reshape(n, -1).T
+        times = dag.run(lanes)
+        step = np.array([tail_s.get(g, 0.0) for g in dag.groups]) if isinstance(tail_s, Mapping) else tail_s
+        done = dag.sync([free for _, free in times], {}, 0.0)
+        done = done + (step[:, None] if isinstance(step, np.ndarray) else step)
+        return done.max(axis=0).reshape(shape)
 
 
 def iteration_time_seam(plan: Plan) -> Callable[[np.ndarray], float]:

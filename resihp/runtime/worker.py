@@ -16,12 +16,13 @@ Semantics of the primitives (`resihp.core.program`), per micro-batch (src, j) at
   default group; sends are `isend`s waited before ALLREDUCE. Exact for any pair of TP sizes. Each
   block travels with its send time (2 extra fp32 elements), from which the receiver applies the
   link model (`_transfer`) and records the block's transfer time (the trace's `links`).
-* ALLREDUCE: per layer segment (`groups.grad_segments`). Where all replicas split the segment
-  alike: TP sum of the partial entries (`sync_tp_grads`), then an all-reduce of the shard over the
-  devices of equal TP rank. Otherwise every device writes its contribution into the full
-  unsharded layout (TP-partial entries added, whole-model entries by TP rank 0 only), one
-  all-reduce sums TP partials and DP replicas at once, and each device slices its shard back out —
-  correct for replicas with different TP splits or layer partitions.
+* ALLREDUCE: per gradient segment the instruction names (`resihp.core.segments`), in layer order.
+  Sharded (all holders split the segment alike): TP sum of the partial entries
+  (`sync_tp_grads`), then an all-reduce of the shard over the devices of equal TP rank. Full:
+  every device writes its contribution into the unsharded layout (TP-partial entries added,
+  whole-model entries by TP rank 0 only), one all-reduce sums TP partials and DP replicas at once,
+  and each device slices its shard back out — correct for replicas with different TP splits or
+  layer partitions. The bytes handed to these all-reduces are counted (`allreduce_bytes`).
 * STEP: AdamW on the shard (element-wise, so shard steps equal the full-model step).
 """
 
@@ -34,6 +35,8 @@ import torch.distributed as dist
 
 from resihp.core.plan import Plan
 from resihp.core.program import Instr, compile_plan
+from resihp.core.schedule import get_schedule
+from resihp.core.segments import GradSegment
 from resihp.model import (
     build_stage,
     full_shape,
@@ -87,13 +90,11 @@ class Worker:
         self.slow, self.link = 1.0, {}
         self.clock = CommClock(job.timing)
         self.enter, self.reduce = tp_callables(groups.tp_group, self.clock)
-        self.split_bw = plan.schedule == "zbh1"
+        self.split_bw = get_schedule(plan.schedule).split_bw
         self.is_root = groups.tp_rank == 0
-        self._zero_shards = (
-            {n: self._zeros(n) for n in self.named}
-            if not all(aligned for _, aligned, _ in groups.segments)
-            else {}
-        )
+        segments = [seg for ins in self.instrs if ins.op == "ALLREDUCE" for seg in ins.segments]
+        full = any(not seg.sharded for seg in segments)
+        self._zero_shards = {n: self._zeros(n) for n in self.named} if full else {}
 
     def _zeros(self, name: str) -> list[torch.Tensor]:
         full = torch.zeros(full_shape(self.spec, name))
@@ -108,6 +109,7 @@ class Worker:
         self.it, self.batch = it, self.workload.pack(it, self.G)
         self.mbs, self.live, self.acts, self.grads, self.gx = {}, {}, {}, {}, {}
         self.sends, self.losses, self.transfers = [], [], []
+        self.allreduce_bytes = 0
         timing = self.clock.enabled
         records = []
         self.clock.comm_s = 0.0
@@ -138,6 +140,7 @@ class Worker:
             "instrs": records,
             "links": self.transfers,
             "losses": self.losses,
+            "allreduce_bytes": self.allreduce_bytes,
         }
 
     def _mb(self, src: int, j: int):
@@ -250,11 +253,11 @@ class Worker:
             work = dist.isend(msg, dst=dst, tag=_tag(ins.src, ins.mb, ins.what))
         self.sends.append((work, msg))
 
-    def _segment_names(self, lo: int, hi: int) -> list[str]:
-        names = ["embed.weight"] if lo == 0 and self.model.is_first else []
-        for k in range(lo, hi):
+    def _segment_names(self, seg: GradSegment) -> list[str]:
+        names = ["embed.weight"] if seg.with_embedding else []
+        for k in range(*seg.layers):
             names += layer_param_names(self.spec, k)
-        if hi == self.spec.num_layers and self.model.is_last:
+        if seg.with_head:
             names += ["norm.weight", "lm_head.weight"]
         return names
 
@@ -266,12 +269,13 @@ class Worker:
         if self.on_allreduce is not None:
             hook, self.on_allreduce = self.on_allreduce, None
             hook()
-        for (lo, hi), aligned, group in self.groups.segments:
-            names = self._segment_names(lo, hi)
+        for seg in ins.segments:
+            names = self._segment_names(seg)
             for n in names:  # a replica without micro-batches still steps (with zero gradients)
                 if self.named[n].grad is None:
                     self.named[n].grad = torch.zeros_like(self.named[n])
-            if aligned:
+            group = self.groups.reduction_group(seg)
+            if seg.sharded:
                 self._reduce_shards(names, group)
             else:
                 self._reduce_full(names, group)
@@ -292,6 +296,7 @@ class Worker:
         flat = torch.cat([g.reshape(-1) for g in grads.values()])
         with self.clock.comm():
             dist.all_reduce(flat, group=group)
+        self.allreduce_bytes += flat.numel() * flat.element_size()
         offset = 0
         for g in grads.values():
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
@@ -310,6 +315,7 @@ class Worker:
         if group is not None:
             with self.clock.comm():
                 dist.all_reduce(flat, group=group)
+            self.allreduce_bytes += flat.numel() * flat.element_size()
         offset = 0
         for n in names:
             shape = full_shape(self.spec, n)

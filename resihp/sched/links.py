@@ -33,7 +33,7 @@ def link_options(view) -> dict:
 
 def link_time(ctx, plan: Plan, cluster, evaluator: str = "auto") -> float:
     """Predicted iteration seconds with `link_options` applied (plain ITP when no link is slow)."""
-    if not cluster.links or evaluator == "estimate":
+    if not cluster.links:
         return iteration_time(ctx, plan, cluster, evaluator)
     from resihp.sim.predict import predict
 

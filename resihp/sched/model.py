@@ -9,21 +9,21 @@ the cost model (resihp.cost.flops, .memory, .hardware) to a few numbers:
   gives k·min p (the paper's §4.1 model); a split in proportion to speed gives about Σ p;
 - stage work in *layer units*: every layer costs 1, the LM head `head_layers(model)` on the last
   stage (embedding lookups are memory-bound and counted as 0);
-- `plan_costs` builds the core Costs table the pipeline DAG evaluates, so `estimate` is a full ITP
-  pass with the same chunk order as the real schedule.
+- memory: the simulator's own formula (`memory.device_bytes`) and live counts (`core.schedule`), so
+  the memory check and the simulator's peak memory agree (a property test checks it).
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 
-import numpy as np
-
-from resihp.core.costs import Costs
 from resihp.core.plan import Plan, Stage
+from resihp.core.program import compile_plan
+from resihp.core.schedule import get_schedule
+from resihp.core.segments import grad_segments
 from resihp.cost import flops, memory
+from resihp.cost.build import stage_parts
 from resihp.cost.hardware import hardware_preset
-from resihp.sim.pipeline import compile_plan, evaluate
 
 _MEMO: dict = {}
 
@@ -84,26 +84,59 @@ def pipeline_key(stages, m: int, cluster) -> tuple:
 
 
 def n_live(schedule: str, n: int, stage: int, num_stages: int) -> int:
-    """Micro-batches a group holds activations for at its peak (compile_plan's order)."""
-    if schedule == "gpipe":
-        return n
-    return min(num_stages - stage, n)
+    """Micro-batches a group holds activations for at its peak: the Schedule's own count."""
+    return get_schedule(schedule).live(n, stage, num_stages)
 
 
 def device_memory(job, stage: Stage, index: int, num_stages: int, chunks: int, dp: int) -> dict[int, float]:
-    """Peak bytes per device of `stage` (position `index` of `num_stages`) running `chunks` mbs."""
-    model = job.model
-    first, last = index == 0, index == num_stages - 1
+    """Peak bytes per device of `stage` (position `index` of `num_stages`) running `chunks` chunks
+    under `job.schedule`, its layers held by `dp` groups (`memory.device_bytes`).
+
+    The planners' estimate before a plan exists: the chunks live as the Schedule keeps one
+    pipeline's. Exact for a stage without migrated-in work; with it, the list scheduler may keep
+    more live (up to `Schedule.live` per source pipeline), which `plan_memory` of the plan sees.
+    """
     live = n_live(job.schedule, chunks, index, num_stages)
-    tokens = job.workload.seq_len
-    bpp = memory.bytes_per_param("distopt-fp32", dp)
+    parts = ((stage.num_layers, index == 0, index == num_stages - 1, dp),)
+    mem = memory.device_bytes(job.model, stage.tp_split, stage.ffn_split, parts, job.workload.seq_len)
+    return {d: static + live * act for d, (static, act) in zip(stage.devices, mem)}
+
+
+def plan_memory(job, plan: Plan, exact: bool = True) -> dict[int, float]:
+    """Peak bytes per device of `plan`: what the simulator reports as its peak memory, by the same
+    formula (`memory.device_bytes` over the plan's gradient segments) and the same live counts
+    (the Schedule's for template orders; the compiled Program's for migrated plans).
+
+    `exact=False` bounds a migrated plan's live counts without compiling it: the list scheduler
+    keeps at most `Schedule.live` of each source pipeline's chunks live at a group, so the sum
+    over sources is an upper bound (equal to the exact count for plans without migration)."""
+    parts = stage_parts(grad_segments(plan))
+    sched = get_schedule(plan.schedule)
+    if plan.assignment and exact:
+        live = compile_plan(plan).live_peaks()
+    else:
+        count: dict[tuple[int, int, int], int] = {}  # (replica, stage, source) -> chunks
+        for d, stages in enumerate(plan.replicas):
+            for i in range(len(stages)):
+                count[(d, i, d)] = plan.microbatches[d]
+        for src, _, i, dst in plan.assignment:
+            count[(src, i, src)] -= 1
+            count[(dst, i, src)] = count.get((dst, i, src), 0) + 1
+        live = {}
+        for (d, i, _), n in count.items():
+            live[(d, i)] = live.get((d, i), 0) + sched.live(n, i, len(plan.replicas[d]))
     out = {}
-    for d, h, f in zip(stage.devices, stage.tp_split, stage.ffn_split):
-        hs, fs = h / model.heads, f / model.ffn
-        params = memory.device_params(model, stage.num_layers, first, last, stage.tp, hs, fs)
-        act = memory.activation_bytes_per_token(model, stage.tp, hs, fs) * tokens * stage.num_layers
-        logits = memory.logits_bytes(model, tokens, stage.tp) if last else 0.0
-        out[d] = params * bpp + live * act + logits
+    cache: dict = {}
+    for d, stages in enumerate(plan.replicas):
+        for i, st in enumerate(stages):
+            if st.hollow:
+                continue
+            key = (st.tp_split, st.ffn_split, parts[(d, i)])
+            if key not in cache:
+                cache[key] = memory.device_bytes(job.model, *key, job.workload.seq_len)
+            n = live.get((d, i), 0)
+            for dev, (static, act) in zip(st.devices, cache[key]):
+                out[dev] = static + n * act
     return out
 
 
@@ -132,81 +165,20 @@ def _max_layers_uncached(job, tp_split, ffn_split, index, num_stages, live, dp) 
     return max(0, int(min((cap - zero[d]) // (one[d] - zero[d]) for d in devs)))
 
 
-def chunk_counts(plan: Plan) -> dict[tuple[int, int], int]:
-    """Chunks each group (replica, stage) runs: its own micro-batches, less and plus migrations."""
-    load = {
-        (d, i): plan.microbatches[d] for d, stages in enumerate(plan.replicas) for i in range(len(stages))
-    }
-    for src, _, i, dst in plan.assignment:
-        load[(src, i)] -= 1
-        load[(dst, i)] += 1
-    return load
-
-
 def fits_memory(job, plan: Plan) -> bool:
-    """Every device of every stage within usable HBM, counting migrated-in micro-batches."""
-    load = chunk_counts(plan)
-    for d, stages in enumerate(plan.replicas):
-        for i, st in enumerate(stages):
-            if st.hollow:
-                continue
-            live = n_live(job.schedule, load[(d, i)], i, len(stages))
-            if st.num_layers > _max_layers(job, st.tp_split, st.ffn_split, i, len(stages), live, plan.dp):
-                return False
-    return True
-
-
-def plan_costs(job, plan: Plan, cluster, iteration: int = 0) -> Costs:
-    """A Costs table for `plan`: chunk times from FLOPs ÷ group speed, P2P over NVLink or IB."""
-    model = job.model
-    hw = hardware_preset(cluster.gpu)
-    batch = job.workload.pack(iteration, plan.global_microbatches)
-    tokens = np.full(batch.count, float(batch.seq_len))
-    per_tok = flops.linear_flops_per_token(model)
-    per_sq = flops.attn_core_flops_per_sq(model)
-    logit = flops.logits_flops_per_token(model)
-    act_bytes = 2.0 * batch.seq_len * model.hidden
-    chunk = {}
-    for d, stages in enumerate(plan.replicas):
-        for i, st in enumerate(stages):
-            if st.hollow:
-                continue
-            last = i == len(stages) - 1
-            rate = hw.achieved_flops * group_speed(model, st, cluster.speed)
-            lin = (st.num_layers * per_tok + (logit if last else 0.0)) / rate
-            att = st.num_layers * per_sq / rate
-            k = st.tp
-            tp_comm = 0.0 if k == 1 else 2 * (2 * (k - 1) / k * act_bytes / hw.intra_bw) * st.num_layers
-            c0 = tp_comm + st.num_layers * hw.layer_overhead_s / min(cluster.speed[x] for x in st.devices)
-            chunk[(d, i)] = np.array([[c0, lin, att], [c0, lin, 2 * att], [0.0, lin, 0.0]])
-
-    def p2p(a, b) -> float:
-        da = plan.replicas[a[0]][a[1]].devices
-        db = plan.replicas[b[0]][b[1]].devices
-        if hw.p2p_bw is not None:  # P2P priced apart from the collectives (e.g. a calibrated CPU runtime)
-            f = cluster.link_factor(da[0], db[0]) if cluster.links else 1.0
-            return act_bytes / min(len(da), len(db)) / (hw.p2p_bw * f) + (hw.alpha_p2p_s or 0.0)
-        if cluster.same_node(da[0], db[0]):
-            return act_bytes / hw.intra_bw
-        f = min(cluster.link_factor(x, y) for x in da[:1] for y in db[:1]) if cluster.links else 1.0
-        return act_bytes / min(len(da), len(db)) / (hw.inter_bw * f) + hw.alpha_inter_s
-
-    return Costs(tokens, batch.sum_sq, chunk, p2p=p2p)
-
-
-def estimate(job, plan: Plan, cluster, iteration: int = 0) -> float:
-    """Predicted iteration seconds of `plan` under the scheduler's analytic costs."""
-    return evaluate(compile_plan(plan), plan_costs(job, plan, cluster, iteration)).iteration_s
+    """Every device of `plan` within usable HBM at its peak (`plan_memory`), migrated-in
+    micro-batches included. A migrated plan is compiled only when its bound does not fit."""
+    cap = usable_bytes(job)
+    if plan.assignment and max(plan_memory(job, plan, exact=False).values(), default=0.0) <= cap:
+        return True
+    return max(plan_memory(job, plan).values(), default=0.0) <= cap
 
 
 def iteration_time(job, plan: Plan, cluster, evaluator: str = "auto") -> float:
-    """Predicted iteration seconds: resihp.sim.predict when the cost model is built, else `estimate`."""
-    if evaluator in ("auto", "predict"):
-        try:
-            from resihp.sim.predict import predict
-        except ImportError:
-            if evaluator == "predict":
-                raise
-        else:
-            return predict(job, plan, cluster).iteration_s
-    return estimate(job, plan, cluster)
+    """Predicted iteration seconds (`resihp.sim.predict`, the ITP with the analytical cost model).
+    `evaluator`: "auto" or "predict", the same (the policies' option; there is no other path)."""
+    if evaluator not in ("auto", "predict"):
+        raise ValueError(f"evaluator = {evaluator!r}: allowed: auto, predict")
+    from resihp.sim.predict import predict
+
+    return predict(job, plan, cluster).iteration_s

@@ -23,7 +23,16 @@ from resihp.cost.hardware import hardware_preset
 from .base import Decision, Policy
 from .layout import assemble, cover_lost_stages, select_groups, standby_of
 from .migrate import microbatch_costs
-from .model import device_memory, group_speed, head_layers, iteration_time, max_layers, n_live, usable_bytes
+from .model import (
+    device_memory,
+    fits_memory,
+    group_speed,
+    head_layers,
+    iteration_time,
+    max_layers,
+    n_live,
+    usable_bytes,
+)
 from .partition import repartition_paper
 from .progress import progress_migrate
 from .reconfig import PAPER_PLANNING_S, reconfig_cost
@@ -45,9 +54,10 @@ def migration_inputs(ctx, plan, cluster, speeds):
     def mem_ok(g, n) -> bool:
         st = plan.replicas[g[0]][g[1]]
         p = len(plan.replicas[g[0]])
-        key = (st, g[1], n_live(ctx.schedule, n, g[1], p))
+        holders = sum(not r[g[1]].hollow for r in plan.replicas)  # the draft splits every replica alike
+        key = (st, g[1], n, holders)
         if key not in cache:
-            cache[key] = max(device_memory(ctx, st, g[1], p, n, plan.dp).values()) <= cap
+            cache[key] = max(device_memory(ctx, st, g[1], p, n, holders).values()) <= cap
         return cache[key]
 
     return scale, microbatch_costs(ctx, plan), mem_ok
@@ -115,7 +125,10 @@ class ResiHPPaper(Policy):
         live = {i: [d for d in range(dp) if chosen[(d, i)][1] > 0] for i in range(pp)}
         speeds = [min(chosen[(d, i)][1] for d in live[i]) for i in range(pp)]
         caps = [
-            min(max_layers(ctx, chosen[(d, i)][0], i, pp, ctx.workload.num_microbatches, dp) for d in live[i])
+            min(
+                max_layers(ctx, chosen[(d, i)][0], i, pp, ctx.workload.num_microbatches, len(live[i]))
+                for d in live[i]
+            )
             for i in range(pp)
         ]
         if "LR" in self.components:
@@ -130,7 +143,10 @@ class ResiHPPaper(Policy):
             return draft.to_plan()
         scale, costs, mem_ok = migration_inputs(ctx, draft, cluster, group_speeds)
         delta = self.delta if balance else math.inf  # no WM: fail-stop eviction only
-        return draft.to_plan(progress_migrate(draft, scale, costs, mem_ok, delta))
+        plan = draft.to_plan(progress_migrate(draft, scale, costs, mem_ok, delta))
+        if not fits_memory(ctx, plan):  # Algorithm 1 counts chunks; the compiled order may keep more live
+            raise ValueError("the migrated plan does not fit in memory")
+        return plan
 
     def decide(self, ctx, plan, cluster, reports) -> Decision:
         try:

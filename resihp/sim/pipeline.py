@@ -1,92 +1,89 @@
-"""Evaluate a compiled Program: the paper's iteration-time predictor (eq. 2) as a DAG pass.
+"""Evaluate a compiled Program on a Costs table: iteration time, busy/idle time and peak memory.
 
-Vertices are the F/B/W chunks of every group in program order. Edges: the previous chunk of the
-same group (a device runs one chunk at a time, weight 0) and the data dependency (F of the previous
-stage, B of the next stage, weighted by the P2P time). start(v) = max over predecessors u of
-end(u) + edge(u, v); the iteration ends when the last group finishes its gradient sync and step.
-Chunks are processed group by group in program order, advancing a group while its next chunk's
-data dependency is resolved, so each vertex is visited once and a deadlocked order is reported.
+The DAG pass itself is `sim.dag.Dag` (one evaluator for every caller); this module turns a
+`Costs` into its per-unit durations and transfer times (`lanes`), and its result into an
+`IterationResult`. `write_trace` writes a Chrome trace of one evaluation.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+
+import numpy as np
 
 from resihp.core.costs import Costs, uniform_costs
 from resihp.core.program import KIND_NAMES, Program, compile_plan
 
-from .structure import IterationResult, Structure
-from .symmetric import evaluate_symmetric, is_symmetric
+from .dag import Dag
 
-__all__ = ["IterationResult", "Costs", "compile_plan", "evaluate", "uniform_costs", "write_trace"]
+__all__ = ["IterationResult", "Costs", "compile_plan", "evaluate", "lanes", "uniform_costs", "write_trace"]
+
+
+@dataclass
+class IterationResult:
+    iteration_s: float
+    busy_s: dict[int, float]  # per device: compute time
+    idle_s: dict[int, float]  # per device: iteration_s - busy_s
+    peak_memory_bytes: dict[int, float]
+    live_peak: dict[tuple[int, int], int]  # per group: most micro-batches holding activations
+    group_end_s: dict[tuple[int, int], float]  # per group: after its gradient sync and step
+    spans: dict[tuple[int, int], list[tuple[int, int, int, float, float]]]  # (kind, src, j, start, end)
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Mean over devices of idle / iteration time."""
+        if not self.busy_s:
+            return 0.0
+        return float(np.mean([idle / self.iteration_s for idle in self.idle_s.values()]))
+
+
+def lanes(dag: Dag, costs: Costs) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per unit: (duration, incoming transfer, blocking send) seconds, each (V, members)."""
+    out = []
+    for u in dag.units:
+        members, width = len(u.replicas), len(u.groups)
+        gidx = np.arange(members)[None, :] * width + u.gi[:, None]  # (V, members) into member_groups
+        dur = costs.vertex_times(u.member_groups(), gidx, u.kind[:, None], u.mb)
+        p2p = np.array([[costs.p2p(a, b) for a, b in u.member_pairs(r)] + [0.0] for r in range(members)]).T
+        edge = p2p[u.in_pair]  # (V, members); pair -1: the zero row
+        send = p2p[u.out_pair] if costs.send_blocks else np.zeros_like(dur)
+        out.append((dur, edge, send))
+    return out
 
 
 def evaluate(program: Program, costs: Costs, keep_spans: bool = False) -> IterationResult:
-    if not keep_spans and is_symmetric(program.plan):
-        return evaluate_symmetric(program, costs)
-    if "sim" not in program._cache:
-        program._cache["sim"] = Structure(program)
-    st: Structure = program._cache["sim"]
-    groups = st.groups
-    lanes = {g: st.lane(g, costs) for g in groups}
-    end = [-1.0] * st.num_keys  # end time of every chunk, by its integer key
-    free = dict.fromkeys(groups, 0.0)
-    pos = dict.fromkeys(groups, 0)
-    spans: dict = {g: [] for g in groups} if keep_spans else {}
-    remaining = sum(len(st.me[g]) for g in groups)
-    while remaining:
-        progressed = False
-        for g in groups:
-            me, dep = st.me[g], st.dep[g]
-            edge, dur, send = lanes[g]
-            k = k0 = pos[g]
-            n = len(me)
-            t = free[g]
-            while k < n:
-                dk = dep[k]
-                if dk >= 0:
-                    ready = end[dk]
-                    if ready < 0.0:
-                        break  # data dependency not computed yet: go on with the next group
-                    ready += edge[k]
-                    if ready > t:
-                        t = ready
-                if keep_spans:
-                    spans[g].append((*program.chunks[g][k], t, t + dur[k]))
-                t += dur[k]
-                end[me[k]] = t
-                t += send[k]
-                k += 1
-            if k > k0:
-                remaining -= k - k0
-                progressed = True
-                pos[g] = k
-                free[g] = t
-        if not progressed:
-            stuck = {g: program.chunks[g][pos[g]] for g in groups if pos[g] < len(st.me[g])}
-            raise AssertionError(f"program deadlocks; next chunks per group: {stuck}")
-    return _finish(program, st, costs, free, {g: lanes[g][1] for g in groups}, spans)
-
-
-def _finish(program: Program, st: Structure, costs: Costs, free, dur, spans) -> IterationResult:
+    """One iteration of `program` under `costs` (`keep_spans`: every chunk's start and end too)."""
+    dag = Dag.of(program)
+    ln = lanes(dag, costs)
+    times = dag.run(ln)
+    group_end = dag.sync([free for _, free in times], costs.segment_s, costs.step_s).tolist()
+    iteration = max(group_end) if group_end else 0.0
+    busy_g = dag.group_sums([dur for dur, _, _ in ln]).tolist()
     plan = program.plan
-    group_end: dict = {}
-    # Gradient sync: groups holding the same layers reduce together once all of them are done.
-    for g in st.groups:
-        ready = max(free.get(h, 0.0) for h in program.grad_group(g))
-        group_end[g] = ready + costs.allreduce_s.get(g, 0.0) + costs.step_s
-    iteration = max(group_end.values()) if group_end else 0.0
-    busy: dict[int, float] = {}
-    idle: dict[int, float] = {}
-    peak_mem: dict[int, float] = {}
-    for g in st.groups:
-        total = float(sum(dur[g]))
-        peak = st.live_peak[g]
+    busy, idle, peak_mem = {}, {}, {}
+    mem_static, mem_act = costs.mem_static, costs.mem_act
+    for g, total in zip(dag.groups, busy_g):
+        live = dag.live_peak[g]
         for dev in plan.replicas[g[0]][g[1]].devices:
             busy[dev] = total
             idle[dev] = iteration - total
-            peak_mem[dev] = costs.mem_static.get(dev, 0.0) + peak * costs.mem_act.get(dev, 0.0)
-    return IterationResult(iteration, busy, idle, peak_mem, dict(st.live_peak), group_end, spans)
+            peak_mem[dev] = mem_static.get(dev, 0.0) + live * mem_act.get(dev, 0.0)
+    spans: dict = {}
+    if keep_spans:
+        starts = [
+            np.maximum(free[u.prev], end[u.dep] + edge)
+            for u, (end, free), (_, edge, _) in zip(dag.units, times, ln)
+        ]
+        for g in dag.groups:
+            k, r, v = dag.vertices(g)
+            if k < 0:
+                spans[g] = []
+                continue
+            t0, t1 = starts[k][v, r].tolist(), times[k][0][v, r].tolist()
+            spans[g] = [(*c, a, b) for c, a, b in zip(program.chunks[g], t0, t1)]
+    ends = dict(zip(dag.groups, group_end))
+    return IterationResult(iteration, busy, idle, peak_mem, dict(dag.live_peak), ends, spans)
 
 
 def write_trace(program: Program, result: IterationResult, path: str) -> None:

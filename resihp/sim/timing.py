@@ -11,72 +11,16 @@ from __future__ import annotations
 
 import random
 
-import numpy as np
-
 from resihp.core.cluster import Cluster
 from resihp.core.plan import Plan
 from resihp.core.scenario import Job
 from resihp.sched.model import pipeline_key
 
-
-def _by_classes(job, plan: Plan, cluster: Cluster, iteration: int, **options) -> float | None:
-    """Iteration time of a plan whose replicas fall into a few classes of identical structure.
-
-    Replicas interact only at the gradient sync, so each class (same stages, same micro-batch
-    count) is evaluated on its own (the symmetric fast path when it has enough replicas) with the
-    sync removed, and the sync of the whole plan is applied to the combined finish times: the same
-    result as one DAG pass over the plan, much faster at thousands of GPUs. None when it does not
-    apply (migrated chunks, hollow stages, one class, few replicas).
-    """
-    if plan.assignment or plan.dp < 8 or any(st.hollow for r in plan.replicas for st in r):
-        return None
-    classes: dict = {}
-    for d, stages in enumerate(plan.replicas):
-        classes.setdefault((tuple(st.layers for st in stages), plan.microbatches[d]), []).append(d)
-    if len(classes) == 1:
-        return None
-    from resihp.cost import build_costs
-    from resihp.sim.pipeline import compile_plan, evaluate
-
-    batch = job.workload.pack(iteration, plan.global_microbatches)
-    tokens = np.full(batch.count, float(batch.seq_len))
-    whole = build_costs(job.model, plan, cluster, tokens, batch.sum_sq, **options)
-    done: dict = {}  # layer range -> latest finish of a group holding it
-    for members in classes.values():
-        sub = Plan(job.model, tuple(plan.replicas[d] for d in members),
-                   tuple(plan.microbatches[d] for d in members), plan.schedule)  # fmt: skip
-        idx = np.concatenate(
-            [np.arange(plan.mb_offset(d), plan.mb_offset(d) + plan.microbatches[d]) for d in members]
-        )
-        costs = build_costs(job.model, sub, cluster, tokens[idx], batch.sum_sq[idx], **options)
-        costs.allreduce_s, costs.step_s = {}, 0.0
-        for (d, i), end in evaluate(compile_plan(sub), costs).group_end_s.items():
-            layers = sub.replicas[d][i].layers
-            done[layers] = max(done.get(layers, 0.0), end)
-    return max(
-        done[st.layers] + whole.allreduce_s.get((d, i), 0.0) + whole.step_s
-        for d, stages in enumerate(plan.replicas)
-        for i, st in enumerate(stages)
-    )
+from .predict import predict
 
 
-def _predict_fn():
-    """`resihp.sim.predict.predict` once the cost model exists, else the scheduler's estimate."""
-    try:
-        from resihp.sim.predict import predict
-    except ImportError:  # resihp.cost.build_costs not built yet
-        from resihp.sched.model import estimate
-
-        def run(job, plan, cluster, iteration, **options):
-            return estimate(job, plan, cluster, iteration)
-
-        return run
-
-    def run(job, plan, cluster, iteration, **options):
-        fast = _by_classes(job, plan, cluster, iteration, **options)
-        return fast if fast is not None else predict(job, plan, cluster, iteration, **options).iteration_s
-
-    return run
+def _iteration_s(job, plan: Plan, cluster: Cluster, iteration: int, **options) -> float:
+    return predict(job, plan, cluster, iteration, **options).iteration_s
 
 
 class PlanTimer:
@@ -90,7 +34,7 @@ class PlanTimer:
         rng = random.Random(f"timer:{seed}")
         self.job = job
         self.iterations = tuple(rng.randrange(1_000_000) for _ in range(samples))
-        self._run = _predict_fn()
+        self._run = _iteration_s
         self._cache: dict = {}
 
     def iteration_s(

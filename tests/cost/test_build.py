@@ -82,7 +82,7 @@ def test_peak_memory_reported_per_device():
     costs = build_costs(plan.model, plan, cluster, *_batch(plan, 16384, 16384**2))
     result = evaluate(compile_plan(plan), costs)
     assert result.peak_memory_bytes[0] / 1e9 == pytest.approx(37.0, abs=0.1)
-    assert costs.allreduce_s[(0, 0)] > 0 and costs.step_s > 0 and costs.send_blocks
+    assert costs.segment_s[(0, 10)] > 0 and costs.step_s > 0 and costs.send_blocks
 
 
 def test_dead_device_in_plan_is_a_caller_bug():
@@ -156,17 +156,24 @@ def test_tp_collectives_in_f_and_b_only():
     assert extra[0] == pytest.approx(extra[1]) and extra[0] > 0 and extra[2] == 0
 
 
-def test_dp_allreduce_shared_by_groups_with_the_same_layers():
-    """Every group holding the same layers gets the same exposed gradient sync; DP 1 has none."""
+def test_uniform_plan_reduces_one_segment_per_stage():
+    """A uniform plan's segments are its stages: each priced once for all its replicas, exposing
+    only the last bucket; every device hands its whole shard (fp32 gradients) to the all-reduce;
+    DP 1 reduces nothing."""
     cluster = Cluster(4, 8, "a100-80g")
     plan = Plan.uniform(L7, 4, 2, 4, 4)
     costs = build_costs(L7, plan, cluster, *_batch(plan))
-    assert {costs.allreduce_s[(d, 1)] for d in range(4)} == {costs.allreduce_s[(0, 1)]}
-    assert costs.allreduce_s[(0, 1)] > 0
+    assert set(costs.segment_s) == {(0, 16), (16, 32)} and costs.segment_s[(16, 32)] > 0
     whole = build_costs(L7, plan, cluster, *_batch(plan), dp_exposed_fraction=1.0)
-    assert whole.allreduce_s[(0, 1)] > 5 * costs.allreduce_s[(0, 1)]  # only the last bucket is exposed
+    assert whole.segment_s[(16, 32)] > 5 * costs.segment_s[(16, 32)]  # only the last bucket is exposed
+    h, v, f, kv = L7.hidden, L7.vocab, L7.ffn, L7.kv_heads * L7.head_dim
+    layer = (2 * h * h + 2 * kv * h) / 4 + 3 * h * f / 4 + 2 * h  # one TP-4 rank's share of a layer
+    assert costs.allreduce_bytes[0] == 4 * (16 * layer + v * h / 4)  # stage 0: layers + embedding
+    assert costs.allreduce_bytes[4] == 4 * (16 * layer + v * h / 4 + h)  # stage 1: + LM head and norm
+    assert len(costs.allreduce_bytes) == 32
     single = Plan.uniform(L7, 4, 2, 1, 4)
-    assert build_costs(L7, single, cluster, *_batch(single)).allreduce_s == {}
+    one = build_costs(L7, single, cluster, *_batch(single))
+    assert one.segment_s == {} and one.allreduce_bytes == {}
 
 
 def test_cpu_preset_costs_a_tiny_model():

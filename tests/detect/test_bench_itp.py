@@ -1,3 +1,6 @@
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -5,6 +8,15 @@ from resihp.core.model_spec import model_preset
 from resihp.core.plan import Plan
 from resihp.cost.calibration import LinearTime
 from resihp.detect.itp import ITP, BatchDag
+
+
+def _oracle():
+    """tests/sim/oracle.py (the chunk-by-chunk evaluation), loaded by path."""
+    path = Path(__file__).resolve().parents[1] / "sim" / "oracle.py"
+    spec = importlib.util.spec_from_file_location("sim_oracle", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.oracle_evaluate
 
 
 def _itp(schedule, pp, m, p2p=0.0):
@@ -19,13 +31,16 @@ def _itp(schedule, pp, m, p2p=0.0):
 
 @pytest.mark.parametrize("schedule,pp,m", [("1f1b", 4, 8), ("zbh1", 4, 8), ("gpipe", 2, 4)])
 def test_batch_dag_equals_the_pipeline_simulator(schedule, pp, m):
-    """BatchDag on the ITP's linear chunk times reproduces `evaluate` for every iteration of a batch."""
+    """BatchDag on the ITP's linear chunk times reproduces the chunk-by-chunk oracle (and the ITP's
+    own prediction) for every iteration of a batch."""
     itp = _itp(schedule, pp, m, p2p=0.004)
     dag = BatchDag(itp.program)
     rng = np.random.default_rng(0)
     tokens = np.full((5, m), 8192.0)
     sum_sq = rng.uniform(1e6, 6e7, (5, m))
-    want = [itp.predict(tokens[b], sum_sq[b]) for b in range(5)]
+    oracle = _oracle()
+    want = [oracle(itp.program, itp.costs(tokens[b], sum_sq[b]))["iteration_s"] for b in range(5)]
+    assert want == [itp.predict(tokens[b], sum_sq[b]) for b in range(5)]
     dur, edge, send = {}, {}, {}
     for g in dag.groups:
         rows = itp.table[g][dag.kind[g]]  # (chunks, 3)

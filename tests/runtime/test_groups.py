@@ -2,7 +2,8 @@
 
 from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan, Stage
-from resihp.runtime.groups import _group_device_sets, device_ranks, grad_segments
+from resihp.core.segments import grad_segments
+from resihp.runtime.groups import _group_device_sets, device_ranks
 
 SPEC = ModelSpec("t", 4, 32, 8, 2, 48, 256)
 
@@ -15,7 +16,7 @@ def test_segments_follow_every_replicas_cuts_and_alignment():
     segs = grad_segments(plan)
     assert [s.layers for s in segs] == [(0, 1), (1, 3), (3, 4)]
     assert [s.devices for s in segs] == [(0, 1, 3, 4), (2, 3, 4), (2, 5)]
-    assert [s.aligned for s in segs] == [True, False, True]
+    assert [s.sharded for s in segs] == [True, False, True]
     assert segs[0].rank_sets() == [(0, 3), (1, 4)]
     sets = _group_device_sets(plan)
     # TP groups first, then per-segment groups, deduplicated, same order on every rank

@@ -75,7 +75,7 @@ def random_faults(draw):
         t = draw(st.integers(60, 3000))
         text += fault("stop", t, device=d)
         if draw(st.booleans()):
-            text += fault("rejoin", t + draw(st.integers(30, 1500)), device=d)
+            text += fault("rejoin", t + draw(st.integers(30, 590)), device=d)
     if draw(st.booleans()):
         end = draw(st.sampled_from(["", "duration_s = 900\n"]))
         sev = draw(st.sampled_from([0.2, 0.5, 0.8]))
