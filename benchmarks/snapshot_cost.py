@@ -19,7 +19,7 @@ import tempfile
 import time
 
 from resihp.runtime.config import TrainConfig
-from resihp.runtime.controller import launch_elastic
+from resihp.runtime.control.controller import launch_elastic
 from resihp.runtime.launch import JobSpec
 from resihp.runtime.train import run_training
 

@@ -46,7 +46,7 @@ from resihp.core.model_spec import ModelSpec, model_preset
 from resihp.core.plan import SCHEDULES, Plan
 from resihp.core.workload import LENGTH_KINDS, Workload
 
-from .liveness import HEARTBEAT_TIMEOUT_RANGE_S, HEARTBEAT_TIMEOUT_S
+from .control.liveness import HEARTBEAT_TIMEOUT_RANGE_S, HEARTBEAT_TIMEOUT_S
 from .reference import OptimConfig
 
 MAX_WORKERS_PER_CORE = 16

@@ -20,7 +20,7 @@ from resihp.core.plan import Plan
 from resihp.core.workload import Workload
 from resihp.model import gather_state
 
-from .agent import WorkerFailed, running
+from .control.agent import WorkerFailed, running
 from .reference import OptimConfig
 
 __all__ = ["JobSpec", "WorkerFailed", "alive", "exit_after"]

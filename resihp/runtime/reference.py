@@ -19,7 +19,7 @@ from resihp.core.workload import Workload
 from resihp.model.loss import iteration_loss, microbatch_loss
 from resihp.model.stage import build_stage
 
-from .data import iteration_microbatches
+from .exec.data import iteration_microbatches
 
 
 @dataclass(frozen=True)

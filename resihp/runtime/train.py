@@ -23,7 +23,7 @@ from resihp.core.plan import Plan
 from resihp.model.loss import iteration_loss
 
 from .config import TrainConfig, check_fits
-from .controller import launch_elastic
+from .control.controller import launch_elastic
 from .faults import load_faults, validate_faults
 from .launch import JobSpec
 
@@ -130,7 +130,7 @@ def run_training(
     workload = config.workload()
     start = 0
     if resume is not None:
-        from .checkpoint import load_meta, resolve
+        from .state.checkpoint import load_meta, resolve
 
         resume = resolve(resume)
         start = load_meta(resume)["iteration"]

@@ -8,7 +8,7 @@ from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan
 from resihp.core.workload import Workload
 from resihp.cost import build_costs, hardware_preset
-from resihp.runtime.calibrate import calibrate_hardware
+from resihp.runtime.adapt.calibrate import calibrate_hardware
 
 SPEC = ModelSpec("t", 4, 32, 8, 2, 48, 256)
 WL = Workload(32, 2)

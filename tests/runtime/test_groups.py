@@ -2,7 +2,7 @@
 
 from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan, Stage
-from resihp.runtime.groups import _group_device_sets, device_ranks, grad_segments
+from resihp.runtime.exec.groups import _group_device_sets, device_ranks, grad_segments
 
 SPEC = ModelSpec("t", 4, 32, 8, 2, 48, 256)
 

@@ -14,12 +14,12 @@ import pytest
 from resihp.core.faults import FaultSpec
 from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan
-from resihp.runtime import controller
-from resihp.runtime.agent import Agents
 from resihp.runtime.config import TrainConfig
+from resihp.runtime.control import controller
+from resihp.runtime.control.agent import Agents
+from resihp.runtime.control.liveness import Inbox, JoinBarrier, Liveness, source_generation
 from resihp.runtime.faults import join_stop
 from resihp.runtime.launch import JobSpec, WorkerFailed, alive
-from resihp.runtime.liveness import Inbox, JoinBarrier, Liveness, source_generation
 from resihp.runtime.reference import reference_for
 from resihp.runtime.train import run_training
 

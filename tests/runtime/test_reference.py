@@ -4,7 +4,7 @@ import torch
 from resihp.core.model_spec import model_preset
 from resihp.core.workload import Workload
 from resihp.model import build_stage, init_state, iteration_loss, microbatch_loss
-from resihp.runtime.data import iteration_microbatches
+from resihp.runtime.exec.data import iteration_microbatches
 from resihp.runtime.reference import OptimConfig, build_optimizer, train_reference
 
 

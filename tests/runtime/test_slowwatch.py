@@ -10,10 +10,10 @@ import pytest
 from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan
 from resihp.core.report import FailureReport
+from resihp.runtime.adapt.slowwatch import SlowWatch, slow_event
 from resihp.runtime.config import TrainConfig
 from resihp.runtime.launch import alive
 from resihp.runtime.reference import reference_for
-from resihp.runtime.slowwatch import SlowWatch, slow_event
 from resihp.runtime.train import run_training
 
 SPEC = ModelSpec("t", 4, 32, 8, 2, 48, 256)

@@ -12,11 +12,11 @@ import time
 
 from resihp.core.plan import Plan
 
-from .launch import JobSpec, WorkerFailed
-from .liveness import source_generation
+from ..control.liveness import source_generation
+from ..launch import JobSpec, WorkerFailed
+from ..state.snapshot import holders
+from ..state.transfer import source_stages
 from .reconfig import replan_after_stop
-from .snapshot import holders
-from .transfer import source_stages
 
 
 def plan_after_stop(

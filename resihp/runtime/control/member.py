@@ -49,15 +49,15 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ..exec.groups import build_groups
+from ..exec.worker import Worker
+from ..faults import faults_at, join_stop
+from ..launch import PG_TIMEOUT_S, exit_after
+from ..state.checkpoint import load_init, save_shard
+from ..state.snapshot import exchange, holders
+from ..state.transfer import holding_of, transfer
 from .agent import watch
-from .checkpoint import load_init, save_shard
-from .faults import faults_at, join_stop
-from .groups import build_groups
-from .launch import PG_TIMEOUT_S, exit_after
 from .liveness import HEARTBEAT_S, go_key
-from .snapshot import exchange, holders
-from .transfer import holding_of, transfer
-from .worker import Worker
 
 JOIN_TIMEOUT_S = 10.0  # rendezvous + group building of a generation, once every member is at `go`
 

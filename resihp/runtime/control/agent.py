@@ -38,7 +38,7 @@ import time
 
 from .liveness import HEARTBEAT_S, Liveness
 
-MEMBER_PRELOAD = ["resihp.runtime.member", "torch._dynamo"]  # what a node's forkserver imports once
+MEMBER_PRELOAD = ["resihp.runtime.control.member", "torch._dynamo"]  # what a node's forkserver imports once
 EXIT_POLL_S = 0.05  # an agent sees a member's exit within this
 WATCH_S = 0.2  # a member checks that its agent runs, an agent that its controller runs, this often
 

@@ -40,17 +40,17 @@ import torch.distributed as dist
 
 from resihp.core.plan import Plan
 
+from ..adapt.calibrate import calibrate_hardware
+from ..adapt.reconfig import grow_plan, replan_after_slow
+from ..adapt.recovery import close_recovery, plan_after_stop
+from ..adapt.slowwatch import SlowWatch, slow_event
+from ..faults import FaultEnd, TimedFaults, end_event
+from ..launch import JobSpec, _gather
+from ..state.checkpoint import savers, write_meta
 from .boundaries import Boundaries
-from .calibrate import calibrate_hardware
-from .checkpoint import savers, write_meta
-from .faults import FaultEnd, TimedFaults, end_event
-from .launch import JobSpec, _gather
 from .liveness import HEARTBEAT_TIMEOUT_S, START_TIMEOUT_S, JoinBarrier, Liveness, go_key
 from .member import decision_key, faults_key, plan_key
 from .processes import Processes
-from .reconfig import grow_plan, replan_after_slow
-from .recovery import close_recovery, plan_after_stop
-from .slowwatch import SlowWatch, slow_event
 
 ABORT_GRACE_S = 5.0  # a reported collective failure with no dead process after this -> WorkerFailed
 
