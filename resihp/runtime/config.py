@@ -47,7 +47,7 @@ from resihp.core.plan import SCHEDULES, Plan
 from resihp.core.workload import LENGTH_KINDS, Workload
 
 from .control.liveness import HEARTBEAT_TIMEOUT_RANGE_S, HEARTBEAT_TIMEOUT_S
-from .reference import OptimConfig
+from .job import OptimConfig
 
 MAX_WORKERS_PER_CORE = 16
 P2P_MODES = ("root", "chunked")

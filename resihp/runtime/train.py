@@ -25,7 +25,7 @@ from resihp.model.loss import iteration_loss
 from .config import TrainConfig, check_fits
 from .control.controller import launch_elastic
 from .faults import load_faults, validate_faults
-from .launch import JobSpec
+from .job import JobSpec
 
 TRACE_VERSION = 1
 

@@ -7,8 +7,9 @@ import torch
 from resihp.core.model_spec import model_preset
 from resihp.core.workload import Workload
 from resihp.model import build_stage, gather_state, init_state, microbatch_loss, sync_tp_grads
+from resihp.runtime import OptimConfig
 from resihp.runtime.exec.data import iteration_microbatches
-from resihp.runtime.reference import OptimConfig, build_optimizer
+from resihp.runtime.exec.optim import build_optimizer
 
 LR = 1e-2
 

@@ -13,9 +13,10 @@ import pytest
 from resihp.core.faults import FaultSpec
 from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan
+from resihp.runtime import JobSpec
 from resihp.runtime.config import TrainConfig
 from resihp.runtime.control.controller import launch_elastic
-from resihp.runtime.launch import JobSpec, alive
+from resihp.runtime.control.pids import alive
 from resihp.runtime.reference import reference_for
 from resihp.runtime.train import iteration_row
 

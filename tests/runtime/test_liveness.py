@@ -14,12 +14,14 @@ import pytest
 from resihp.core.faults import FaultSpec
 from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan
+from resihp.runtime import JobSpec, WorkerFailed
+from resihp.runtime.adapt.recovery import source_generation
 from resihp.runtime.config import TrainConfig
 from resihp.runtime.control import controller
 from resihp.runtime.control.agent import Agents
-from resihp.runtime.control.liveness import Inbox, JoinBarrier, Liveness, source_generation
+from resihp.runtime.control.liveness import Inbox, JoinBarrier, Liveness
+from resihp.runtime.control.pids import alive
 from resihp.runtime.faults import join_stop
-from resihp.runtime.launch import JobSpec, WorkerFailed, alive
 from resihp.runtime.reference import reference_for
 from resihp.runtime.train import run_training
 

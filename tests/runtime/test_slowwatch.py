@@ -12,7 +12,7 @@ from resihp.core.plan import Plan
 from resihp.core.report import FailureReport
 from resihp.runtime.adapt.slowwatch import SlowWatch, slow_event
 from resihp.runtime.config import TrainConfig
-from resihp.runtime.launch import alive
+from resihp.runtime.control.pids import alive
 from resihp.runtime.reference import reference_for
 from resihp.runtime.train import run_training
 

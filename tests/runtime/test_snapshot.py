@@ -8,7 +8,7 @@ from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan
 from resihp.runtime.adapt.reconfig import shrink_plan
 from resihp.runtime.config import TrainConfig
-from resihp.runtime.launch import alive
+from resihp.runtime.control.pids import alive
 from resihp.runtime.reference import reference_for
 from resihp.runtime.state.snapshot import holders
 from resihp.runtime.state.transfer import source_stages

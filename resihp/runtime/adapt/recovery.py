@@ -4,6 +4,11 @@ The controller (`controller.py`) calls `plan_after_stop` once the dead members a
 `members`, publishes the plan as generation g+1 and aborts the iteration in flight; `close_recovery`
 annotates the fail-stop event once that iteration is committed (docs/runtime.md, "What happens on a
 stop", "Recovery times").
+
+`source_generation` is the generation whose committed state the survivors hold — the transfer
+source of the next one. A member keeps what it held when it left each generation it joined; a
+generation whose join failed (a death during the rebuild) was not joined by every survivor,
+committed nothing, and its predecessor's holdings are still the committed state.
 """
 
 from __future__ import annotations
@@ -12,8 +17,7 @@ import time
 
 from resihp.core.plan import Plan
 
-from ..control.liveness import source_generation
-from ..launch import JobSpec, WorkerFailed
+from ..job import JobSpec, WorkerFailed
 from ..state.snapshot import holders
 from ..state.transfer import source_stages
 from .reconfig import replan_after_stop
@@ -64,6 +68,20 @@ def plan_after_stop(
         plan, base, members, len(plans), job.workload, policy, absorb=job.snapshots, hardware=hardware
     )
     return new, reason, None if src is None else (src, base)
+
+
+def source_generation(
+    plan_devices: list[tuple[int, ...]], joined: dict[int, set[int]], members
+) -> int | None:
+    """The latest generation g (index into `plan_devices`, g's plan devices) such that every surviving
+    plan device of g (at least one) joined it; None when there is none (start from the seed or the
+    checkpoint again). Monotone in time: `joined` only grows and survivors only shrink."""
+    members = set(members)
+    for g in range(len(plan_devices) - 1, -1, -1):
+        live = set(plan_devices[g]) & members
+        if live and live <= joined.get(g, set()):
+            return g
+    return None
 
 
 def close_recovery(rec: dict, events: list[dict], joined: dict) -> None:

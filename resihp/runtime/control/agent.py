@@ -37,47 +37,11 @@ import threading
 import time
 
 from .liveness import HEARTBEAT_S, Liveness
+from .pids import WATCH_S, running, watch
+from .pids import kill as kill_pid
 
 MEMBER_PRELOAD = ["resihp.runtime.control.member", "torch._dynamo"]  # what a node's forkserver imports once
 EXIT_POLL_S = 0.05  # an agent sees a member's exit within this
-WATCH_S = 0.2  # a member checks that its agent runs, an agent that its controller runs, this often
-
-
-class WorkerFailed(RuntimeError):
-    """A worker raised or died; every child has been reaped when this propagates."""
-
-    def __init__(self, message: str, devices: list[int], pids: list[int]) -> None:
-        super().__init__(message)
-        self.devices, self.pids = devices, pids
-
-
-def running(pid: int) -> bool:
-    """Whether process `pid` runs (exists and is not a zombie); Linux `/proc`."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
-
-
-def watch(pid: int, on_gone, period_s: float = WATCH_S) -> None:
-    """Call `on_gone()` (it ends this process) from a daemon thread once `pid` no longer runs, even
-    when it was SIGKILLed: a member watches its agent, an agent its controller."""
-
-    def loop() -> None:
-        while running(pid):
-            time.sleep(period_s)
-        on_gone()
-
-    threading.Thread(target=loop, name=f"watch-{pid}", daemon=True).start()
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _member(blob: bytes, beats, results, agent: int) -> None:
@@ -103,7 +67,7 @@ def agent_main(
         with lock:
             pids = [p.pid for p in procs.values()]
         for pid in pids:
-            _kill(pid)
+            kill_pid(pid)
         os._exit(3)
 
     def forward() -> None:
@@ -238,7 +202,7 @@ class Agents:
             devs = sorted(d for d, c in self.code.items() if c is None and self.node_of(d) == node)
             for d in devs:
                 if d in self.pid:
-                    _kill(self.pid[d])
+                    kill_pid(self.pid[d])
                 self.code[d] = -signal.SIGKILL
             out[node] = devs
         return out
@@ -273,4 +237,4 @@ class Agents:
             time.sleep(0.05)
         for pid in left:
             if running(pid):
-                _kill(pid)
+                kill_pid(pid)

@@ -26,7 +26,7 @@ process per node (`agent.py`) spawns, watches, kills and reaps that node's membe
   `go/{g}` (every member arrived, alive). A death before that supersedes g (`abort`); a death
   after it fails the survivors' join (gloo raises, or the short join timeout). Either way the
   next generation is replanned from, and transfers from, the last generation every survivor
-  joined (`liveness.source_generation`) — a rebuild that failed ran nothing and committed nothing.
+  joined (`recovery.source_generation`) — a rebuild that failed ran nothing and committed nothing.
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ from ..adapt.reconfig import grow_plan, replan_after_slow
 from ..adapt.recovery import close_recovery, plan_after_stop
 from ..adapt.slowwatch import SlowWatch, slow_event
 from ..faults import FaultEnd, TimedFaults, end_event
-from ..launch import JobSpec, _gather
+from ..job import JobSpec
 from ..state.checkpoint import savers, write_meta
+from ..state.transfer import gather_replicas
 from .boundaries import Boundaries
 from .liveness import HEARTBEAT_TIMEOUT_S, START_TIMEOUT_S, JoinBarrier, Liveness, go_key
 from .member import decision_key, faults_key, plan_key
@@ -182,7 +183,7 @@ class Controller:
                 stop["noticed"] = {d: seen[d] for d in sorted(seen)}
         return {
             "records": {k: [v[d] for d in sorted(v)] for k, v in sorted(self.records.items())},
-            "state": _gather(self.cur, self.shards) if self.job.return_state else {},
+            "state": gather_replicas(self.cur, self.shards) if self.job.return_state else {},
             "events": self.events,
             "plans": self.plans,
             "pids": self.procs.agents.pids,

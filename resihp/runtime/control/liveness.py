@@ -1,6 +1,6 @@
-"""Liveness of the elastic runtime's members: heartbeats, the join barrier, the state survivors hold.
+"""Liveness of the elastic runtime's members: heartbeats and the join barrier.
 
-Torch-free; the controller (`controller.py`, `processes.py`, `recovery.py`) uses all three, member
+Torch-free; the controller (`controller.py`, `processes.py`) uses both, member
 processes send the messages.
 
 * Heartbeats: every member process puts ("heartbeat", device, {"time", "pid"}) on its node agent's
@@ -19,10 +19,6 @@ processes send the messages.
   lives), or `abort` when g is superseded first (a member died): a death before `go` never
   reaches gloo, and after `go` every member is already at the rendezvous, so its timeout can be
   short (`member.JOIN_TIMEOUT_S`).
-* `source_generation`: the generation whose committed state the survivors hold — the transfer
-  source of the next one. A member keeps what it held when it left each generation it joined; a
-  generation whose join failed (a death during the rebuild) was not joined by every survivor,
-  committed nothing, and its predecessor's holdings are still the committed state.
 """
 
 from __future__ import annotations
@@ -35,7 +31,7 @@ from collections.abc import Callable
 HEARTBEAT_S = 0.25  # a member's heartbeat period
 HEARTBEAT_TIMEOUT_S = 3.0  # default `run.heartbeat_timeout_s`: silence after which a member is hung
 # allowed `run.heartbeat_timeout_s`: from 4 periods (shorter kills healthy members of a busy machine)
-# to well under the gloo timeout (`launch.PG_TIMEOUT_S`, 120 s), which heartbeats must beat
+# to well under the gloo timeout (`member.PG_TIMEOUT_S`, 120 s), which heartbeats must beat
 HEARTBEAT_TIMEOUT_RANGE_S = (1.0, 60.0)
 START_TIMEOUT_S = 60.0  # a spawned member's first heartbeat must come within this (workers import torch)
 
@@ -151,17 +147,3 @@ class JoinBarrier:
         for g in out:
             self.verdict[g] = "abort"
         return out
-
-
-def source_generation(
-    plan_devices: list[tuple[int, ...]], joined: dict[int, set[int]], members
-) -> int | None:
-    """The latest generation g (index into `plan_devices`, g's plan devices) such that every surviving
-    plan device of g (at least one) joined it; None when there is none (start from the seed or the
-    checkpoint again). Monotone in time: `joined` only grows and survivors only shrink."""
-    members = set(members)
-    for g in range(len(plan_devices) - 1, -1, -1):
-        live = set(plan_devices[g]) & members
-        if live and live <= joined.get(g, set()):
-            return g
-    return None

@@ -44,6 +44,8 @@ import pickle
 import signal
 import threading
 import time
+import traceback
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch
@@ -52,13 +54,13 @@ import torch.distributed as dist
 from ..exec.groups import build_groups
 from ..exec.worker import Worker
 from ..faults import faults_at, join_stop
-from ..launch import PG_TIMEOUT_S, exit_after
 from ..state.checkpoint import load_init, save_shard
 from ..state.snapshot import exchange, holders
 from ..state.transfer import holding_of, transfer
-from .agent import watch
 from .liveness import HEARTBEAT_S, go_key
+from .pids import watch
 
+PG_TIMEOUT_S = 120.0  # gloo operations and store waits; heartbeats, far shorter, decide first
 JOIN_TIMEOUT_S = 10.0  # rendezvous + group building of a generation, once every member is at `go`
 
 
@@ -97,6 +99,23 @@ def member_main(blob: bytes, beats, results, agent: int) -> None:
         _run(msg, job, faults, device, store, results, heart)
 
     exit_after(device, results, body, heart.stop)
+
+
+def exit_after(device: int, results, body, before_exit: Callable[[], None] | None = None) -> None:
+    """Run a worker process's `body()`, report an exception to the controller with its traceback,
+    call `before_exit` (the heartbeat's stop), flush the result queue and exit without interpreter
+    teardown (torch's takes seconds)."""
+    try:
+        body()
+        code = 0
+    except BaseException:
+        results.put(("error", device, traceback.format_exc()))
+        code = 1
+    if before_exit is not None:
+        before_exit()
+    results.close()
+    results.join_thread()
+    os._exit(code)
 
 
 class Heartbeat:
@@ -156,7 +175,7 @@ def _run(msg: dict, job, faults, device: int, store, results, heart: Heartbeat) 
         faults[:] = msg.get("faults", faults)
         source = msg["source"]  # (generation, plan) whose held state g starts from; None: seed/checkpoint
         for k in [k for k in held if source is None or k < source[0]]:
-            del held[k]  # never a transfer source again (`liveness.source_generation` is monotone)
+            del held[k]  # never a transfer source again (`recovery.source_generation` is monotone)
         results.put(("joining", device, {"generation": g}))
         if _wait_key(store, go_key(g)).decode() == "abort":  # superseded before its rendezvous
             msg = pickle.loads(_wait_key(store, plan_key(g + 1)))

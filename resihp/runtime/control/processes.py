@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import time
 
-from .agent import Agents, WorkerFailed
+from ..job import WorkerFailed
+from .agent import Agents
 from .liveness import Inbox, Liveness
 
 

@@ -44,10 +44,10 @@ from resihp.model import (
 )
 from resihp.model.loss import microbatch_loss
 
-from ..reference import build_optimizer
 from .collectives import CommClock, tp_callables
 from .data import build_microbatch
 from .groups import Groups
+from .optim import build_optimizer
 
 
 def _tag(src: int, mb: int, what: str) -> int:
