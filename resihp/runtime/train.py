@@ -20,6 +20,7 @@ import sys
 import time
 
 from resihp.core.plan import Plan
+from resihp.core.trace_format import record_to_json
 from resihp.model.loss import iteration_loss
 
 from .config import TrainConfig, check_fits
@@ -75,10 +76,10 @@ class Progress:
 
 def iteration_row(plan: Plan, seq_len: int, it: int, records: list[dict]) -> dict:
     """One `iterations` entry from every device's record of iteration `it`."""
-    losses = sorted(item for r in records for item in r["losses"])  # (global mb, loss, targets)
+    losses = sorted(row for r in records for row in r["losses"])  # LossRows, in global mb order
     assert len(losses) == plan.global_microbatches, (it, len(losses))
     g = plan.global_microbatches
-    loss = iteration_loss(sum(x[1] for x in losses), g, seq_len, sum(x[2] for x in losses))
+    loss = iteration_loss(sum(x.loss for x in losses), g, seq_len, sum(x.targets for x in losses))
     return {
         "iter": it,
         "loss": loss,
@@ -194,11 +195,7 @@ def run_training(
     finally:
         bar.close()
     elapsed = time.perf_counter() - t_start
-    trace = [
-        {k: v for k, v in rec.items() if k != "losses"}
-        for it in sorted(out["records"])
-        for rec in out["records"][it]
-    ]
+    trace = [record_to_json(rec) for it in sorted(out["records"]) for rec in out["records"][it]]
     if config.trace:
         with open(config.trace, "w") as f:
             for rec in trace:

@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from resihp.core.plan import Plan
 from resihp.core.program import Instr, compile_plan
+from resihp.core.trace_format import InstrRow, LinkRow, LossRow
 from resihp.model import (
     build_stage,
     full_shape,
@@ -122,7 +123,7 @@ class Worker:
                 time.sleep(max(t, 0.0) * (1.0 / self.slow - 1.0))
             if timing:
                 wall, comm = time.perf_counter() - t0, self.clock.comm_s - c0
-                records.append([ins.op, ins.src, ins.mb, round(wall - comm, 7), round(comm, 7)])
+                records.append(InstrRow(ins.op, ins.src, ins.mb, round(wall - comm, 7), round(comm, 7)))
         wall, cpu = time.perf_counter() - t_start, time.process_time() - cpu_start
         return {
             "iter": it,
@@ -133,8 +134,8 @@ class Worker:
             "tp_rank": self.groups.tp_rank,
             "wall_s": wall,
             "cpu_s": cpu,
-            "compute_s": sum(r[3] for r in records),
-            "comm_s": sum(r[4] for r in records),
+            "compute_s": sum(r.compute_s for r in records),
+            "comm_s": sum(r.comm_s for r in records),
             "instrs": records,
             "links": self.transfers,
             "losses": self.losses,
@@ -156,7 +157,7 @@ class Worker:
         if self.model.is_last:
             out, n = microbatch_loss(out, mb.target_ids, self.G, self.workload.seq_len)
             if self.is_root:
-                self.losses.append([self.plan.mb_offset(ins.src) + ins.mb, out.item(), n])
+                self.losses.append(LossRow(self.plan.mb_offset(ins.src) + ins.mb, out.item(), n))
         self.live[key] = [x, out, None]
 
     def _B(self, ins: Instr) -> None:
@@ -223,7 +224,7 @@ class Worker:
         starts when both ends are ready (`start` = max(send time, recv posted); one clock, as
         `perf_counter` is CLOCK_MONOTONIC, system-wide on Linux) and lasts max(measured, nbytes /
         `job.link_mb_per_s`) / f, f the injected link factor (1 when healthy): the receiver sleeps
-        until then. Records [peer, device, what, src, mb, nbytes, seconds] in `self.transfers`."""
+        until then. Records the block's `LinkRow` in `self.transfers`."""
         start = max(sent, posted)
         bw = self.job.link_mb_per_s * 1e6
         wire = max(time.perf_counter() - start, nbytes / bw if bw > 0 else 0.0)
@@ -233,7 +234,7 @@ class Worker:
             time.sleep(delay)
         if self.clock.enabled:
             took = round(time.perf_counter() - start, 7)
-            self.transfers.append([peer, self.device, ins.what, ins.src, ins.mb, nbytes, took])
+            self.transfers.append(LinkRow(peer, self.device, ins.what, ins.src, ins.mb, nbytes, took))
 
     def _SEND(self, ins: Instr) -> None:
         key = (ins.src, ins.mb)
