@@ -25,6 +25,7 @@ from resihp.model.loss import iteration_loss
 
 from .config import TrainConfig, check_fits
 from .control.controller import launch_elastic
+from .control.protocol import Reached
 from .faults import load_faults, validate_faults
 from .job import JobSpec
 
@@ -74,16 +75,16 @@ class Progress:
             self._rich.stop()
 
 
-def iteration_row(plan: Plan, seq_len: int, it: int, records: list[dict]) -> dict:
-    """One `iterations` entry from every device's record of iteration `it`."""
-    losses = sorted(row for r in records for row in r["losses"])  # LossRows, in global mb order
+def iteration_row(plan: Plan, seq_len: int, it: int, reached: list[Reached]) -> dict:
+    """One `iterations` entry from every plan device's `Reached` message of iteration `it`."""
+    losses = sorted(row for r in reached for row in r.losses)  # LossRows, in global mb order
     assert len(losses) == plan.global_microbatches, (it, len(losses))
     g = plan.global_microbatches
     loss = iteration_loss(sum(x.loss for x in losses), g, seq_len, sum(x.targets for x in losses))
     return {
         "iter": it,
         "loss": loss,
-        "time_s": max(r["wall_s"] for r in records),
+        "time_s": max(r.wall_s for r in reached),
         "samples": g,
         "tokens": g * seq_len,
         "generation": plan.generation,
@@ -160,8 +161,8 @@ def run_training(
     bar = Progress(config.iterations, enabled=progress)
     t_start = time.perf_counter()
 
-    def on_commit(it: int, current: Plan, payloads: list[dict]) -> None:
-        row = iteration_row(current, workload.seq_len, it, payloads)
+    def on_commit(it: int, current: Plan, reached: list[Reached]) -> None:
+        row = iteration_row(current, workload.seq_len, it, reached)
         rows.append(row)
         bar.update(row, row["samples"] / max(row["time_s"], 1e-9))
 

@@ -46,8 +46,8 @@ def test_member_death_node_death_and_a_rejoin_on_a_new_agent():
     )
     rows, killed = [], []
 
-    def on_commit(it: int, current: Plan, payloads: list[dict]) -> None:
-        rows.append(iteration_row(current, config.seq_len, it, payloads))
+    def on_commit(it: int, current: Plan, reached: list) -> None:
+        rows.append(iteration_row(current, config.seq_len, it, reached))
         if it == 2:
             killed.extend(_agent_pids(1))
             os.kill(killed[0], signal.SIGKILL)

@@ -85,7 +85,8 @@ def source_generation(
 
 
 def close_recovery(rec: dict, events: list[dict], joined: dict) -> None:
-    """Annotate the last fail-stop event with the kill -> first committed iteration breakdown."""
+    """Annotate the last fail-stop event with the kill -> first committed iteration breakdown;
+    `joined`: generation -> its members' `Joined` messages (their seconds, the slowest member's)."""
     got = joined.get(rec["gen"], [])
     stop = next(e for e in reversed(events) if e["kind"] == "fail-stop")
     stop["recovery"] = {
@@ -93,7 +94,7 @@ def close_recovery(rec: dict, events: list[dict], joined: dict) -> None:
         "detect_s": rec["detect_s"],
         "plan_s": rec["plan_s"],
         **{
-            k: max((p[k] for p in got), default=0.0)
+            k: max((getattr(m, k) for m in got), default=0.0)
             for k in ("teardown_s", "group_s", "transfer_s", "build_s")
         },
     }

@@ -3,33 +3,34 @@
 A member process loops over Plan generations. For generation g it joins the gloo world of the
 generation's members (plan devices and standby workers, ranked in ascending id) through
 `PrefixStore(f"gen{g}", store)`, builds its groups, receives its state (`transfer`), and runs
-iterations. At STEP of iteration k it reports `reached` (with its losses) and blocks on the
-controller's decision `decision/{g}/{k}` in the store:
+iterations. At STEP of iteration k it reports `Reached` (with its losses) and blocks on the
+controller's `Decision` under `decision/{g}/{k}` in the store (`board.Board`):
 
-* `commit`: apply the optimizer step, go on with k + 1;
-* `next`: apply the step, then leave g for the Plan the controller published as `plan/{g+1}`;
-* `abort`: a member died; skip the step (the state stays the one committed at k − 1) and join g+1.
+* `Verdict.COMMIT`: apply the optimizer step, go on with k + 1;
+* `Verdict.NEXT`: apply the step, then leave g for the generation published as `plan/{g+1}`;
+* `Verdict.ABORT`: a member died; skip the step (the state stays the one committed at k − 1) and
+  join g+1.
 
-`commit+faults` / `next+faults`: the same, once the member replaced its faults with those of the
-store key `faults/{g}/{k}` (the controller resolved time-keyed faults or fault ends at this commit:
-`faults.TimedFaults`); every message of a generation (`plan/{g}`) carries them too.
+A decision that carries faults (`Decision.faults`: the controller resolved time-keyed faults or
+fault ends at this commit, `faults.TimedFaults`) replaces the member's faults before it goes on;
+every generation's body (`protocol.Generation`) carries them too.
 
-Joining g: the member reports `joining` and waits on the store key `go/{g}` (`liveness.JoinBarrier`):
-the controller writes `go` once every member of g arrived, or `abort` when a member died first, so a
-death between generations never reaches gloo. After `go` the rendezvous and group building run
-with a short timeout (`JOIN_TIMEOUT_S`); a join that fails there or in the state transfer (a peer
-died or hung during the rebuild: gloo raises, at once for a closed socket) is torn down like a
-generation, reported as `abort`, and the member waits for g+1. A member keeps the state it held
-when it left each generation it joined (`held`), so g+1 can transfer from the last generation every
-survivor joined (the message's `source`), even when g itself never ran an iteration.
+Joining g: the member reports `Joining` and waits on the store key `go/{g}` (`liveness.JoinBarrier`):
+the controller writes `Gate.GO` once every member of g arrived, or `Gate.ABORT` when a member died
+first, so a death between generations never reaches gloo. After `go` the rendezvous and group
+building run with a short timeout (`JOIN_TIMEOUT_S`); a join that fails there or in the state
+transfer (a peer died or hung during the rebuild: gloo raises, at once for a closed socket) is torn
+down like a generation, reported as `Abort`, and the member waits for g+1. A member keeps the state
+it held when it left each generation it joined (`held`), so g+1 can transfer from the last
+generation every survivor joined (the body's `source`), even when g itself never ran an iteration.
 
 A member is spawned by its node's agent (`agent.py`) and exits when that agent is gone. It beats: a
-daemon thread puts ("heartbeat", device, ...) on the agent's queue every `HEARTBEAT_S` (`Heartbeat`),
-whatever the main thread waits for, and the agent forwards the beats to the controller; a frozen
-process goes silent and the controller has its agent kill it (`liveness.Liveness`). Every other
-message goes straight to the controller's results queue.
+daemon thread sends a `Heartbeat` on the agent's channel every `HEARTBEAT_S`
+(`liveness.HeartbeatThread`), whatever the main thread waits for, and the agent forwards the beats
+to the controller; a frozen process goes silent and the controller has its agent kill it
+(`liveness.Liveness`). Every other message goes straight to the controller's channel.
 
-A collective that fails because a peer died raises RuntimeError; the member reports `abort` and
+A collective that fails because a peer died raises RuntimeError; the member reports `Abort` and
 leaves at once. Leaving drops every reference to the generation's process groups and destroys
 them, which closes their sockets, so peers blocked on *this* member fail in turn — the failure
 cascades through the world in milliseconds instead of waiting for gloo's timeout. A standby member
@@ -40,9 +41,7 @@ from __future__ import annotations
 
 import gc
 import os
-import pickle
 import signal
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -57,10 +56,27 @@ from ..faults import faults_at, join_stop
 from ..state.checkpoint import load_init, save_shard
 from ..state.snapshot import exchange, holders
 from ..state.transfer import holding_of, transfer
-from .liveness import HEARTBEAT_S, go_key
+from .board import PG_TIMEOUT_S, Board
+from .liveness import HeartbeatThread
 from .pids import watch
+from .protocol import (
+    Abort,
+    Done,
+    Error,
+    Gate,
+    Generation,
+    Joined,
+    Joining,
+    MemberArgs,
+    Reached,
+    Record,
+    Saved,
+    State,
+    Stopping,
+    Verdict,
+)
+from .transport import Channel
 
-PG_TIMEOUT_S = 120.0  # gloo operations and store waits; heartbeats, far shorter, decide first
 JOIN_TIMEOUT_S = 10.0  # rendezvous + group building of a generation, once every member is at `go`
 
 
@@ -68,92 +84,40 @@ class Aborted(Exception):
     """The controller aborted the iteration in flight."""
 
 
-def plan_key(generation: int) -> str:
-    return f"plan/{generation}"
-
-
-def decision_key(generation: int, it: int) -> str:
-    return f"decision/{generation}/{it}"
-
-
-def faults_key(generation: int, it: int) -> str:
-    return f"faults/{generation}/{it}"
-
-
-def member_main(blob: bytes, beats, results, agent: int) -> None:
-    """Process entry point (spawned by the agent process `agent`); `blob` pickles (msg, job, faults,
-    device, store port), `msg` being the first generation's {"generation", "plan", "members",
-    "start", "source", "faults"} (a member that re-joins a running job starts in generation g > 0; it holds
-    nothing of `source` but takes part in its transfer). `beats`: the agent's heartbeat queue."""
-    msg, job, faults, device, port = pickle.loads(blob)
+def member_main(blob: bytes, beats: Channel, results: Channel, agent: int) -> None:
+    """Process entry point (spawned by the agent process `agent`); `blob`: its `MemberArgs`.
+    `beats`: the agent's heartbeat channel; `results`: the controller's."""
+    args = MemberArgs.decode(blob)
     watch(agent, lambda: os._exit(3))  # a dead agent (a dead node) takes its members down
     # The modules preloaded by the forkserver (torch, ...) are millions of objects: a full
     # collection over them holds the GIL for 0.1-1 s, which silences the heartbeat thread; frozen,
     # they are never scanned, and `gc.collect()` at a generation change takes milliseconds.
     gc.freeze()
-    heart = Heartbeat(device, beats)
+    heart = HeartbeatThread(args.device, beats)
 
     def body() -> None:
         torch.set_num_threads(1)
-        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=PG_TIMEOUT_S))
-        _run(msg, job, faults, device, store, results, heart)
+        timeout = timedelta(seconds=PG_TIMEOUT_S)
+        store = dist.TCPStore("127.0.0.1", args.port, is_master=False, timeout=timeout)
+        _run(args.generation, args.job, args.device, store, results, heart)
 
-    exit_after(device, results, body, heart.stop)
+    exit_after(args.device, results, body, heart.stop)
 
 
-def exit_after(device: int, results, body, before_exit: Callable[[], None] | None = None) -> None:
+def exit_after(device: int, results: Channel, body, before_exit: Callable[[], None] | None = None) -> None:
     """Run a worker process's `body()`, report an exception to the controller with its traceback,
-    call `before_exit` (the heartbeat's stop), flush the result queue and exit without interpreter
+    call `before_exit` (the heartbeat's stop), flush the result channel and exit without interpreter
     teardown (torch's takes seconds)."""
     try:
         body()
         code = 0
     except BaseException:
-        results.put(("error", device, traceback.format_exc()))
+        results.send(Error(device, traceback.format_exc()))
         code = 1
     if before_exit is not None:
         before_exit()
-    results.close()
-    results.join_thread()
+    results.flush()
     os._exit(code)
-
-
-class Heartbeat:
-    """A daemon thread that puts ("heartbeat", device, {"time", "pid"}) on the agent's queue `beats`
-    every `period_s` until `stop`."""
-
-    def __init__(self, device: int, beats, period_s: float = HEARTBEAT_S) -> None:
-        self.beats, self.quiet = beats, threading.Event()
-
-        def beat() -> None:
-            while not self.quiet.is_set():
-                try:
-                    beats.put(("heartbeat", device, {"time": time.time(), "pid": os.getpid()}))
-                except (ValueError, OSError):  # closed
-                    return
-                self.quiet.wait(period_s)
-
-        self.thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        """Silence the thread and flush the queue: a process that then exits or freezes holds no lock
-        of the agent's queue (killed or frozen mid-write, it would silence its whole node)."""
-        self.quiet.set()
-        self.thread.join(1.0)
-        self.beats.close()
-        self.beats.join_thread()
-
-
-def _wait_key(store, key: str) -> bytes:
-    """The value of `key` once the controller writes it, however long that takes (a standby member
-    may wait a whole run for the next generation); the agent watchdog ends an orphan."""
-    while True:
-        try:
-            store.wait([key], timedelta(seconds=PG_TIMEOUT_S))
-            return store.get(key)
-        except dist.DistStoreError:
-            continue
 
 
 def _teardown() -> None:
@@ -164,23 +128,24 @@ def _teardown() -> None:
     gc.collect()
 
 
-def _run(msg: dict, job, faults, device: int, store, results, heart: Heartbeat) -> None:
+def _run(gen: Generation | None, job, device: int, store, results: Channel, heart: HeartbeatThread) -> None:
+    board = Board(store)
     end = job.start_iteration + job.iterations
     # generation -> (Holding or None, snapshots): the committed state this member left it with
     held: dict[int, tuple] = {}
     teardown_s = 0.0  # leaving the previous generation: holding copy, group destruction
-    faults = list(faults)  # every fault resolved so far (iteration-keyed), updated in place
-    while msg is not None:
-        g, plan, it = msg["generation"], msg["plan"], msg["start"]
-        faults[:] = msg.get("faults", faults)
-        source = msg["source"]  # (generation, plan) whose held state g starts from; None: seed/checkpoint
+    faults = list(gen.faults)  # every fault resolved so far (iteration-keyed), updated in place
+    while gen is not None:
+        g, plan, it = gen.generation, gen.plan, gen.start
+        faults[:] = gen.faults
+        source = gen.source  # (generation, plan) whose held state g starts from; None: seed/checkpoint
         for k in [k for k in held if source is None or k < source[0]]:
             del held[k]  # never a transfer source again (`recovery.source_generation` is monotone)
-        results.put(("joining", device, {"generation": g}))
-        if _wait_key(store, go_key(g)).decode() == "abort":  # superseded before its rendezvous
-            msg = pickle.loads(_wait_key(store, plan_key(g + 1)))
+        results.send(Joining(device, g))
+        if board.wait_gate(g) is Gate.ABORT:  # superseded before its rendezvous
+            gen = board.generation(g + 1)
             continue
-        ranks = {d: r for r, d in enumerate(sorted(msg["members"]))}
+        ranks = {d: r for r, d in enumerate(sorted(gen.members))}
         worker = groups = init = None
         snaps: dict = {}  # snapshot.py: the committed shards this device keeps for its buddies
         failed = None
@@ -218,22 +183,21 @@ def _run(msg: dict, job, faults, device: int, store, results, heart: Heartbeat) 
         if failed is not None:  # outside the except block: its traceback holds the groups too
             worker = groups = init = None
             _teardown()
-            results.put(("abort", device, {"generation": g, "iter": it, "error": failed}))
-            msg = pickle.loads(_wait_key(store, plan_key(g + 1)))
+            results.send(Abort(device, g, it, failed))
+            gen = board.generation(g + 1)
             continue
         init = None
-        timing = {"group_s": t1 - t0, "transfer_s": t2 - t1, "build_s": time.perf_counter() - t2}
-        results.put(("joined", device, {"generation": g, "teardown_s": teardown_s, **timing}))
+        results.send(Joined(device, g, teardown_s, t1 - t0, t2 - t1, time.perf_counter() - t2))
         leave = (
             "standby"
             if worker is None
-            else _iterate(worker, g, it, end, faults, store, results, ranks, snaps, heart)
+            else _iterate(worker, g, it, end, faults, board, results, ranks, snaps, heart)
         )
         t_left = time.perf_counter()
         if leave != "end":  # a standby member holds nothing but still takes part in the next transfer
             held[g] = (None if worker is None else holding_of(worker), snaps)
         elif job.return_state:
-            results.put(("state", device, worker.state_numpy()))
+            results.send(State(device, worker.state_numpy()))
         # Drop every reference to this generation's groups before destroying them: the sockets
         # close, and peers still blocked on this member fail at once (the abort cascade).
         worker = groups = None
@@ -241,43 +205,42 @@ def _run(msg: dict, job, faults, device: int, store, results, heart: Heartbeat) 
         teardown_s = time.perf_counter() - t_left
         if leave == "end":
             break
-        msg = pickle.loads(_wait_key(store, plan_key(g + 1)))
-    results.put(("done", device, None))
+        gen = board.generation(g + 1)
+    results.send(Done(device))
 
 
-def fail_now(fault, device: int, it: int, results, heart: Heartbeat | None = None) -> None:
+def fail_now(fault, device: int, it: int, results: Channel, heart: HeartbeatThread | None = None) -> None:
     """Carry out an injected `stop`: say when (for the recovery measurement), then exit hard like a
     crashed process, or, with `hang`, freeze (SIGSTOP: alive but silent, like a hung device).
     `heart` is stopped first: frozen mid-write, a process would keep a queue's cross-process write
     lock and silence every member of its node."""
-    results.put(("stopping", device, {"iter": it, "time": time.time(), "hang": fault.hang}))
+    results.send(Stopping(device, it, time.time(), fault.hang))
     if heart is not None:
         heart.stop()
     if fault.hang:
-        time.sleep(0.2)  # let the queue's feeder thread deliver the message first
+        time.sleep(0.2)  # let the channel's feeder thread deliver the message first
         os.kill(os.getpid(), signal.SIGSTOP)
-    results.close()
-    results.join_thread()
+    results.flush()
     os._exit(1)
 
 
 def _iterate(
-    worker: Worker, g: int, it: int, end: int, faults, store, results, ranks, snaps: dict, heart=None
-) -> str:
+    worker: Worker, g: int, it: int, end: int, faults, board: Board, results: Channel, ranks, snaps: dict,
+    heart=None,
+) -> str:  # fmt: skip
     """Run and commit iterations from `it`; returns why the generation ends: next | abort | end.
     With `job.snapshots`, `snaps` is refreshed after every committed step (`snapshot.exchange`).
     `heart`: the heartbeat, stopped by an injected stop."""
     device, decision = worker.device, {}
 
     def before_step(k: int, losses: list, wall_s: float) -> None:
-        results.put(("reached", device, {"generation": g, "iter": k, "losses": losses, "wall_s": wall_s}))
-        verdict = store.get(decision_key(g, k)).decode()
-        if verdict == "abort":
+        results.send(Reached(device, g, k, tuple(losses), wall_s))
+        decided = board.decision(g, k)
+        if decided.verdict is Verdict.ABORT:
             raise Aborted(f"iteration {k} aborted by the controller")
-        verdict, _, news = verdict.partition("+")
-        if news == "faults":  # time-keyed faults or fault ends resolved at this commit
-            faults[:] = pickle.loads(store.get(faults_key(g, k)))
-        decision["verdict"] = verdict
+        if decided.faults is not None:  # time-keyed faults or fault ends resolved at this commit
+            faults[:] = decided.faults
+        decision["verdict"] = decided.verdict
 
     worker.before_step = before_step
     while it < end:
@@ -294,23 +257,23 @@ def _iterate(
             failed = f"{type(e).__name__}: {e}"[:300]
         if failed is not None:
             worker.opt.zero_grad(set_to_none=True)
-            results.put(("abort", device, {"generation": g, "iter": it, "error": failed}))
+            results.send(Abort(device, g, it, failed))
             return "abort"
-        results.put(("iter", device, record))
+        results.send(Record(device, record))
         it += 1
         every = worker.job.checkpoint_every
         if every and it % every == 0:  # the step of iteration it - 1 is committed: save it
             if save_shard(worker.job.checkpoint_dir, it, worker.plan, device, holding_of(worker)):
-                results.put(("saved", device, {"generation": g, "iter": it}))
+                results.send(Saved(device, g, it))
         if worker.job.snapshots:
             try:
                 fresh = exchange(worker.plan, device, ranks, holding_of(worker))
             except RuntimeError as e:  # a peer died: never keep a stale snapshot as if current
                 snaps.clear()
-                results.put(("abort", device, {"generation": g, "iter": it, "error": f"snapshot: {e}"[:300]}))
+                results.send(Abort(device, g, it, f"snapshot: {e}"[:300]))
                 return "abort"
             snaps.clear()
             snaps.update(fresh)
-        if decision.pop("verdict") == "next":
+        if decision.pop("verdict") is Verdict.NEXT:
             return "next"
     return "end"
