@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 
 from ..exec.groups import build_groups
-from ..exec.worker import Worker
+from ..exec.worker import Hooks, Worker
 from ..faults import faults_at, join_stop
 from ..state.checkpoint import load_init, save_shard
 from ..state.snapshot import exchange, holders
@@ -172,7 +172,10 @@ def _run(gen: Generation | None, job, device: int, store, results: Channel, hear
             elif job.resume:  # a whole-job restart: state from the checkpoint
                 init = load_init(job.resume, plan, device)
             t2 = time.perf_counter()
-            worker = None if plan.stage_of(device) is None else Worker(plan, device, groups, job, init)
+            commits = Commits(g, device, faults, board, results, heart)
+            worker = None
+            if plan.stage_of(device) is not None:
+                worker = Worker(plan, device, groups, job, init, commits.hooks())
             if worker is not None and job.snapshots:
                 snaps.update(exchange(plan, device, ranks, holding_of(worker)))
             long = timedelta(seconds=PG_TIMEOUT_S)  # heartbeats, not this, catch a hung peer
@@ -188,11 +191,7 @@ def _run(gen: Generation | None, job, device: int, store, results: Channel, hear
             continue
         init = None
         results.send(Joined(device, g, teardown_s, t1 - t0, t2 - t1, time.perf_counter() - t2))
-        leave = (
-            "standby"
-            if worker is None
-            else _iterate(worker, g, it, end, faults, board, results, ranks, snaps, heart)
-        )
+        leave = "standby" if worker is None else _iterate(worker, commits, it, end, ranks, snaps)
         t_left = time.perf_counter()
         if leave != "end":  # a standby member holds nothing but still takes part in the next transfer
             held[g] = (None if worker is None else holding_of(worker), snaps)
@@ -224,32 +223,51 @@ def fail_now(fault, device: int, it: int, results: Channel, heart: HeartbeatThre
     os._exit(1)
 
 
-def _iterate(
-    worker: Worker, g: int, it: int, end: int, faults, board: Board, results: Channel, ranks, snaps: dict,
-    heart=None,
-) -> str:  # fmt: skip
-    """Run and commit iterations from `it`; returns why the generation ends: next | abort | end.
-    With `job.snapshots`, `snaps` is refreshed after every committed step (`snapshot.exchange`).
-    `heart`: the heartbeat, stopped by an injected stop."""
-    device, decision = worker.device, {}
+class Commits:
+    """The member's side of generation g's commit protocol and fault injection, as the worker's
+    `Hooks`: at STEP it reports `Reached` and takes the controller's `Decision` (`verdict`, read by
+    `_iterate`; faults a commit resolved replace `faults`, shared with `_run`); compute and P2P are
+    slowed by the faults of the iteration; a `stop` with phase allreduce fires on entering the
+    gradient reduction."""
 
-    def before_step(k: int, losses: list, wall_s: float) -> None:
-        results.send(Reached(device, g, k, tuple(losses), wall_s))
-        decided = board.decision(g, k)
+    def __init__(self, g: int, device: int, faults: list, board: Board, results: Channel, heart=None):
+        self.g, self.device, self.faults, self.board, self.results, self.heart = (
+            g, device, faults, board, results, heart,
+        )  # fmt: skip
+        self.verdict: Verdict | None = None
+
+    def hooks(self) -> Hooks:
+        return Hooks(self.before_step, self.on_allreduce, self.slow, self.link)
+
+    def before_step(self, k: int, losses: list, wall_s: float) -> None:
+        self.results.send(Reached(self.device, self.g, k, tuple(losses), wall_s))
+        decided = self.board.decision(self.g, k)
         if decided.verdict is Verdict.ABORT:
             raise Aborted(f"iteration {k} aborted by the controller")
         if decided.faults is not None:  # time-keyed faults or fault ends resolved at this commit
-            faults[:] = decided.faults
-        decision["verdict"] = decided.verdict
+            self.faults[:] = decided.faults
+        self.verdict = decided.verdict
 
-    worker.before_step = before_step
+    def on_allreduce(self, k: int) -> None:
+        stop = faults_at(self.faults, self.device, k)[0]  # (one with phase start never got here)
+        if stop is not None:
+            fail_now(stop, self.device, k, self.results, self.heart)
+
+    def slow(self, k: int) -> float:
+        return faults_at(self.faults, self.device, k)[1]
+
+    def link(self, k: int) -> dict[int, float]:
+        return faults_at(self.faults, self.device, k)[2]
+
+
+def _iterate(worker: Worker, commits: Commits, it: int, end: int, ranks, snaps: dict) -> str:
+    """Run and commit iterations from `it`; returns why the generation ends: next | abort | end.
+    With `job.snapshots`, `snaps` is refreshed after every committed step (`snapshot.exchange`)."""
+    device, g, results, heart = worker.device, commits.g, commits.results, commits.heart
     while it < end:
-        stop, worker.slow, worker.link = faults_at(faults, device, it)
+        stop = faults_at(commits.faults, device, it)[0]
         if stop is not None and stop.phase == "start":
             fail_now(stop, device, it, results, heart)
-        worker.on_allreduce = (
-            None if stop is None else (lambda f=stop, k=it: fail_now(f, device, k, results, heart))
-        )
         failed = None
         try:
             record = worker.run_iteration(it)
@@ -274,6 +292,6 @@ def _iterate(
                 return "abort"
             snaps.clear()
             snaps.update(fresh)
-        if decision.pop("verdict") is Verdict.NEXT:
+        if commits.verdict is Verdict.NEXT:
             return "next"
     return "end"

@@ -28,13 +28,16 @@ Semantics of the primitives (`resihp.core.program`), per micro-batch (src, j) at
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from resihp.core.plan import Plan
 from resihp.core.program import Instr, compile_plan
-from resihp.core.trace_format import InstrRow, LinkRow, LossRow
+from resihp.core.trace_format import COMPUTE_OPS, InstrRow, LinkRow, LossRow
+from resihp.core.workload import PackedBatch
 from resihp.model import (
     build_stage,
     full_shape,
@@ -55,12 +58,66 @@ def _tag(src: int, mb: int, what: str) -> int:
     return (src * 100_000 + mb) * 2 + (what == "grad")
 
 
-class Worker:
-    """Executes `compile_plan(plan).instructions(device)` once per iteration."""
+def _healthy(it: int) -> float:
+    return 1.0
 
-    def __init__(self, plan: Plan, device: int, groups: Groups, job, init=None) -> None:
-        """`init` (a `transfer.StageInit`): start from transferred full tensors instead of the seed."""
+
+def _no_slow_links(it: int) -> Mapping[int, float]:
+    return {}
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """The elastic runtime's hooks into each iteration (`control/member.py`); inert by default.
+
+    `before_step(it, losses, wall_s)` runs at STEP before the optimizer: the commit point (it
+    raises to abort the iteration). `on_allreduce(it)` runs once per iteration, when the gradient
+    reduction begins (a `stop` with phase allreduce). `slow(it)`: the injected speed factor p of
+    compute in iteration `it` (1: healthy); `link(it)`: peer device -> injected P2P factor f
+    (absent: 1). Both are read once, when the iteration starts.
+    """
+
+    before_step: Callable[[int, list[LossRow], float], None] | None = None
+    on_allreduce: Callable[[int], None] | None = None
+    slow: Callable[[int], float] = _healthy
+    link: Callable[[int], Mapping[int, float]] = _no_slow_links
+
+
+@dataclass
+class Iteration:
+    """Everything one run of the instruction list creates and consumes, keyed by micro-batch
+    (src, j). `run_iteration` makes one and drops it when it returns or raises, so nothing of an
+    iteration — a graph, a received tensor, an isend in flight — outlives it."""
+
+    it: int
+    batch: PackedBatch  # `workload.pack(it, G)`
+    slow: float  # injected compute speed factor p of this iteration
+    link: Mapping[int, float]  # peer device -> injected P2P factor f
+    t_start: float  # perf_counter when the instruction list started
+    mbs: dict = field(default_factory=dict)  # (src, j) -> MicroBatch, built on first use
+    live: dict = field(default_factory=dict)  # (src, j) -> [x, out, upstream grad]: F's graph, kept for B/W
+    acts: dict = field(default_factory=dict)  # (src, j) -> received activation (N, h), F's input
+    grads: dict = field(default_factory=dict)  # (src, j) -> received output gradient (N, h), B's input
+    gx: dict = field(default_factory=dict)  # (src, j) -> input gradient (N, h) to send upstream
+    sends: list = field(default_factory=list)  # (work, buffer) of isends in flight, waited at ALLREDUCE
+    losses: list[LossRow] = field(default_factory=list)  # last stage, TP rank 0
+    rows: list[InstrRow] = field(default_factory=list)  # the trace's `instrs`
+    transfers: list[LinkRow] = field(default_factory=list)  # the trace's `links`
+    reducing: bool = False  # the gradient reduction began (`Hooks.on_allreduce` ran)
+
+
+class Worker:
+    """Executes `compile_plan(plan).instructions(device)` once per iteration (`run_iteration`);
+    holds what lasts across iterations — the stage shard, its optimizer, its groups and hooks —
+    and, while an iteration runs, its `Iteration` (`now`)."""
+
+    def __init__(
+        self, plan: Plan, device: int, groups: Groups, job, init=None, hooks: Hooks | None = None
+    ) -> None:
+        """`init` (a `transfer.StageInit`): start from transferred full tensors instead of the seed;
+        `hooks`: the elastic runtime's (None: inert)."""
         self.plan, self.device, self.groups, self.job = plan, device, groups, job
+        self.hooks = Hooks() if hooks is None else hooks
         self.spec, self.workload = job.spec, job.workload
         self.instrs = compile_plan(plan).instructions(device)
         self.replica, self.stage_index = plan.stage_of(device)
@@ -80,16 +137,11 @@ class Worker:
                         for k, full in zip(("exp_avg", "exp_avg_sq"), init.moments)
                     },
                 }
-        # Hooks of the elastic runtime (runtime/member.py), inert by default: `before_step(it, losses,
-        # wall_s)` runs at STEP before the optimizer (the commit point; raises to abort), `slow` is
-        # the injected speed factor p of compute, `link` maps a peer device to a P2P factor f,
-        # `on_allreduce()` runs once when the gradient reduction begins (a `stop` with phase allreduce).
-        self.before_step = self.on_allreduce = None
-        self.slow, self.link = 1.0, {}
+        self.G = plan.global_microbatches
         self.clock = CommClock(job.timing)
         self.enter, self.reduce = tp_callables(groups.tp_group, self.clock)
         self.split_bw = plan.schedule == "zbh1"
-        self.is_root = groups.tp_rank == 0
+        self.now: Iteration | None = None
         self._zero_shards = (
             {n: self._zeros(n) for n in self.named}
             if not all(aligned for _, aligned, _ in groups.segments)
@@ -104,84 +156,80 @@ class Worker:
     # ------------------------------------------------------------------ one iteration
     def run_iteration(self, it: int) -> dict:
         """Run the instruction list for iteration `it`; returns this device's trace record."""
-        plan = self.plan
-        self.G = plan.global_microbatches
-        self.it, self.batch = it, self.workload.pack(it, self.G)
-        self.mbs, self.live, self.acts, self.grads, self.gx = {}, {}, {}, {}, {}
-        self.sends, self.losses, self.transfers = [], [], []
-        timing = self.clock.enabled
-        records = []
-        self.clock.comm_s = 0.0
-        t_start, cpu_start = time.perf_counter(), time.process_time()
-        self._t_start = t_start
-        for ins in self.instrs:
-            if timing or self.slow < 1.0:
-                t0, c0 = time.perf_counter(), self.clock.comm_s
-            getattr(self, "_" + ins.op)(ins)
-            if self.slow < 1.0 and ins.op in ("F", "B", "W"):  # injected slowdown: t -> t / p
-                t = time.perf_counter() - t0 - (self.clock.comm_s - c0)
-                time.sleep(max(t, 0.0) * (1.0 / self.slow - 1.0))
-            if timing:
-                wall, comm = time.perf_counter() - t0, self.clock.comm_s - c0
-                records.append(InstrRow(ins.op, ins.src, ins.mb, round(wall - comm, 7), round(comm, 7)))
-        wall, cpu = time.perf_counter() - t_start, time.process_time() - cpu_start
+        hooks, clock = self.hooks, self.clock
+        now = self.now = Iteration(it, self.workload.pack(it, self.G), hooks.slow(it), hooks.link(it), 0.0)
+        clock.comm_s = 0.0
+        try:
+            now.t_start, cpu_start = time.perf_counter(), time.process_time()
+            for ins in self.instrs:
+                if clock.enabled or now.slow < 1.0:
+                    t0, c0 = time.perf_counter(), clock.comm_s
+                getattr(self, "_" + ins.op)(ins)
+                if now.slow < 1.0 and ins.op in COMPUTE_OPS:  # injected slowdown: t -> t / p
+                    t = time.perf_counter() - t0 - (clock.comm_s - c0)
+                    time.sleep(max(t, 0.0) * (1.0 / now.slow - 1.0))
+                if clock.enabled:
+                    wall, comm = time.perf_counter() - t0, clock.comm_s - c0
+                    now.rows.append(InstrRow(ins.op, ins.src, ins.mb, round(wall - comm, 7), round(comm, 7)))
+            wall, cpu = time.perf_counter() - now.t_start, time.process_time() - cpu_start
+        finally:
+            self.now = None
         return {
             "iter": it,
-            "generation": plan.generation,
+            "generation": self.plan.generation,
             "device": self.device,
             "replica": self.replica,
             "stage": self.stage_index,
             "tp_rank": self.groups.tp_rank,
             "wall_s": wall,
             "cpu_s": cpu,
-            "compute_s": sum(r.compute_s for r in records),
-            "comm_s": sum(r.comm_s for r in records),
-            "instrs": records,
-            "links": self.transfers,
-            "losses": self.losses,
+            "compute_s": sum(r.compute_s for r in now.rows),
+            "comm_s": sum(r.comm_s for r in now.rows),
+            "instrs": now.rows,
+            "links": now.transfers,
+            "losses": now.losses,
         }
 
     def _mb(self, src: int, j: int):
-        key = (src, j)
-        if key not in self.mbs:
+        now, key = self.now, (src, j)
+        if key not in now.mbs:
             k = self.plan.mb_offset(src) + j
-            self.mbs[key] = build_microbatch(self.workload, self.batch, k, self.it)
-        return self.mbs[key]
+            now.mbs[key] = build_microbatch(self.workload, now.batch, k, now.it)
+        return now.mbs[key]
 
     # ------------------------------------------------------------------ primitives
     def _F(self, ins: Instr) -> None:
-        key = (ins.src, ins.mb)
+        now, key = self.now, (ins.src, ins.mb)
         mb = self._mb(*key)
-        x = mb.input_ids if self.model.is_first else self.acts.pop(key).requires_grad_()
+        x = mb.input_ids if self.model.is_first else now.acts.pop(key).requires_grad_()
         out = self.model(x, mb.segment_ids, mb.positions, enter=self.enter, reduce=self.reduce)
         if self.model.is_last:
             out, n = microbatch_loss(out, mb.target_ids, self.G, self.workload.seq_len)
-            if self.is_root:
-                self.losses.append(LossRow(self.plan.mb_offset(ins.src) + ins.mb, out.item(), n))
-        self.live[key] = [x, out, None]
+            if self.groups.tp_rank == 0:
+                now.losses.append(LossRow(self.plan.mb_offset(ins.src) + ins.mb, out.item(), n))
+        now.live[key] = [x, out, None]
 
     def _B(self, ins: Instr) -> None:
-        key = (ins.src, ins.mb)
-        x, out, _ = entry = self.live[key]
-        g = self.grads.pop(key, None)  # None on the last stage: out is the scalar loss
+        now, key = self.now, (ins.src, ins.mb)
+        x, out, _ = entry = now.live[key]
+        g = now.grads.pop(key, None)  # None on the last stage: out is the scalar loss
         first = self.model.is_first
         if self.split_bw:
             entry[2] = g
             if not first:
-                (self.gx[key],) = torch.autograd.grad(out, [x], g, retain_graph=True)
+                (now.gx[key],) = torch.autograd.grad(out, [x], g, retain_graph=True)
             return
         inputs = self.params if first else [x, *self.params]
         grads = torch.autograd.grad(out, inputs, g, allow_unused=True)
         if not first:
-            self.gx[key], grads = grads[0], grads[1:]
+            now.gx[key], grads = grads[0], grads[1:]
         self._accumulate(grads)
-        del self.live[key]
+        del now.live[key]
 
     def _W(self, ins: Instr) -> None:
         if not self.split_bw:
             return
-        key = (ins.src, ins.mb)
-        _, out, g = self.live.pop(key)
+        _, out, g = self.now.live.pop((ins.src, ins.mb))
         self._accumulate(torch.autograd.grad(out, self.params, g, allow_unused=True))
 
     def _accumulate(self, grads) -> None:
@@ -217,39 +265,39 @@ class Worker:
                         src=self.groups.rank_of(self.replica, self.stage_index, r),
                         group=self.groups.tp_group,
                     )
-        (self.acts if ins.what == "act" else self.grads)[(ins.src, ins.mb)] = buf
+        (self.now.acts if ins.what == "act" else self.now.grads)[(ins.src, ins.mb)] = buf
 
     def _transfer(self, peer: int, ins: Instr, sent: float, posted: float, nbytes: int) -> None:
         """The link model of a received block (docs/runtime.md, "Fault injection"): the transfer
         starts when both ends are ready (`start` = max(send time, recv posted); one clock, as
         `perf_counter` is CLOCK_MONOTONIC, system-wide on Linux) and lasts max(measured, nbytes /
         `job.link_mb_per_s`) / f, f the injected link factor (1 when healthy): the receiver sleeps
-        until then. Records the block's `LinkRow` in `self.transfers`."""
+        until then. Records the block's `LinkRow` in the iteration's `transfers`."""
         start = max(sent, posted)
         bw = self.job.link_mb_per_s * 1e6
         wire = max(time.perf_counter() - start, nbytes / bw if bw > 0 else 0.0)
-        wire /= self.link.get(peer, 1.0)
+        wire /= self.now.link.get(peer, 1.0)
         delay = start + wire - time.perf_counter()
         if delay > 0.0:
             time.sleep(delay)
         if self.clock.enabled:
             took = round(time.perf_counter() - start, 7)
-            self.transfers.append(LinkRow(peer, self.device, ins.what, ins.src, ins.mb, nbytes, took))
+            self.now.transfers.append(LinkRow(peer, self.device, ins.what, ins.src, ins.mb, nbytes, took))
 
     def _SEND(self, ins: Instr) -> None:
-        key = (ins.src, ins.mb)
-        t = self.live[key][1] if ins.what == "act" else self.gx.pop(key)
+        now, key = self.now, (ins.src, ins.mb)
+        t = now.live[key][1] if ins.what == "act" else now.gx.pop(key)
         n, rank = self._links(ins.peer), self.groups.tp_rank
         if rank >= n:
             return
         block = torch.tensor_split(t.detach(), n)[rank]  # (N/n, h)
         with self.clock.comm():
-            now = time.perf_counter()
-            hi = float(torch.tensor(now, dtype=torch.float32))  # the send time, exact in two fp32
-            msg = torch.cat([block.reshape(-1), torch.tensor([hi, now - hi])])  # (N/n·h + 2,)
+            sent = time.perf_counter()
+            hi = float(torch.tensor(sent, dtype=torch.float32))  # the send time, exact in two fp32
+            msg = torch.cat([block.reshape(-1), torch.tensor([hi, sent - hi])])  # (N/n·h + 2,)
             dst = self.groups.rank_of(*ins.peer, rank)
             work = dist.isend(msg, dst=dst, tag=_tag(ins.src, ins.mb, ins.what))
-        self.sends.append((work, msg))
+        now.sends.append((work, msg))
 
     def _segment_names(self, lo: int, hi: int) -> list[str]:
         names = ["embed.weight"] if lo == 0 and self.model.is_first else []
@@ -260,13 +308,15 @@ class Worker:
         return names
 
     def _ALLREDUCE(self, ins: Instr) -> None:
+        now = self.now
         with self.clock.comm():  # sends still in flight count as communication of this step
-            for work, _ in self.sends:
+            for work, _ in now.sends:
                 work.wait()
-        self.sends.clear()
-        if self.on_allreduce is not None:
-            hook, self.on_allreduce = self.on_allreduce, None
-            hook()
+        now.sends.clear()
+        if not now.reducing:
+            now.reducing = True
+            if self.hooks.on_allreduce is not None:
+                self.hooks.on_allreduce(now.it)
         for (lo, hi), aligned, group in self.groups.segments:
             names = self._segment_names(lo, hi)
             for n in names:  # a replica without micro-batches still steps (with zero gradients)
@@ -320,8 +370,9 @@ class Worker:
             self.named[n].grad = slice_tensor(self.spec, n, full, st.tp_split, st.ffn_split, rank)
 
     def _STEP(self, ins: Instr) -> None:
-        if self.before_step is not None:
-            self.before_step(self.it, self.losses, time.perf_counter() - self._t_start)
+        now = self.now
+        if self.hooks.before_step is not None:
+            self.hooks.before_step(now.it, now.losses, time.perf_counter() - now.t_start)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
 
