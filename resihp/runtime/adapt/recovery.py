@@ -98,3 +98,12 @@ def close_recovery(rec: dict, events: list[dict], joined: dict) -> None:
             for k in ("teardown_s", "group_s", "transfer_s", "build_s")
         },
     }
+
+
+def mark_noticed(events: list[dict], noticed: dict[int, dict[int, str]]) -> None:
+    """Annotate the first fail-stop event that ended each generation g with how every member saw the
+    failure (`noticed`: g -> device -> the error its `Abort` carried)."""
+    for g, seen in noticed.items():
+        stop = next((e for e in events if e["kind"] == "fail-stop" and e["generation"] == g), None)
+        if stop is not None:
+            stop["noticed"] = {d: seen[d] for d in sorted(seen)}

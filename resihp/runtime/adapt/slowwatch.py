@@ -12,10 +12,10 @@ stragglers; a fault present before the baseline iteration is, by construction, i
 gap). `threshold` is wider than the detector's default because two shared CPU cores make timings
 noisy.
 
-With `calibrate` (a callable `(generation, records) -> Hardware`, the controller's closure over
-`calibrate.calibrate_hardware`), the first baseline iteration the watch takes also calibrates the
-hardware the scheduler policy plans on (`hardware`; None until then): the same healthy reference
-that predicts each instruction's time.
+With `calibrate` (a callable `(generation, records) -> Hardware`; `watch_job`, the controller's
+watch, closes over `calibrate.calibrate_hardware`), the first baseline iteration the watch takes
+also calibrates the hardware the scheduler policy plans on (`hardware`; None until then): the same
+healthy reference that predicts each instruction's time.
 
 `admit` keeps what the controller acts on: each device (link) once per generation, and a compound
 estimate per device (link) — each report's severity is relative to its generation's baseline, so a
@@ -29,6 +29,8 @@ from collections.abc import Callable
 from resihp.core.report import FailureReport
 from resihp.core.trace_format import COMPUTE_OPS, LinkRow
 from resihp.detect import LocalizeConfig, Localizer
+
+from .calibrate import calibrate_hardware
 
 
 class SlowWatch:
@@ -101,6 +103,17 @@ class SlowWatch:
             known[what] = known.get(what, 1.0) * rep.severity
             new.append(rep)
         return new
+
+
+def watch_job(plans: list, job) -> SlowWatch:
+    """The controller's watch of `job` (a `JobSpec`), `plans` its generations' plans (growing): P2P
+    timings count when the link model is on; the first baseline iteration also calibrates the
+    hardware the scheduler policy plans on (`calibrate.calibrate_hardware`)."""
+
+    def fit(generation: int, records: list):
+        return calibrate_hardware(plans[generation], job.workload, records, job.link_mb_per_s)
+
+    return SlowWatch(links=job.link_mb_per_s > 0, calibrate=fit)
 
 
 def slow_event(rep: FailureReport, reason: str) -> dict:

@@ -40,10 +40,9 @@ import torch.distributed as dist
 
 from resihp.core.plan import Plan
 
-from ..adapt.calibrate import calibrate_hardware
 from ..adapt.reconfig import grow_plan, replan_after_slow
-from ..adapt.recovery import close_recovery, plan_after_stop
-from ..adapt.slowwatch import SlowWatch, slow_event
+from ..adapt.recovery import close_recovery, mark_noticed, plan_after_stop
+from ..adapt.slowwatch import slow_event, watch_job
 from ..faults import FaultEnd, TimedFaults, end_event
 from ..job import JobSpec
 from ..state.checkpoint import savers, write_meta
@@ -156,12 +155,7 @@ class Controller:
         self.recovery: dict | None = None  # the fail-stop not recovered yet (`recovery.close_recovery`)
         self.abort_since = None
         self.finished = False  # the last iteration is committed
-        self.watch = None
-        if detect_slow and job.timing:
-            # the first baseline also calibrates the hardware the policy plans on (calibrate.py)
-            plans = self.plans
-            fit = lambda g, recs: calibrate_hardware(plans[g], job.workload, recs, job.link_mb_per_s)  # noqa: E731
-            self.watch = SlowWatch(links=job.link_mb_per_s > 0, calibrate=fit)
+        self.watch = watch_job(self.plans, job) if detect_slow and job.timing else None
         self.saved: dict[int, set[int]] = {}  # checkpoint iteration -> devices that wrote their shards
         liveness = Liveness(heartbeat_timeout_s, start_timeout_s)
         self.procs = Processes(
@@ -200,10 +194,7 @@ class Controller:
             self.procs.close(0.0)
             self.results.close()
             self.store = None  # shut the TCPStore down with its last reference
-        for g, seen in self.noticed.items():  # the first fail-stop that ended generation g
-            stop = next((e for e in self.events if e["kind"] == "fail-stop" and e["generation"] == g), None)
-            if stop is not None:
-                stop["noticed"] = {d: seen[d] for d in sorted(seen)}
+        mark_noticed(self.events, self.noticed)
         return {
             "records": {k: [v[d] for d in sorted(v)] for k, v in sorted(self.records.items())},
             "state": gather_replicas(self.cur, self.shards) if self.job.return_state else {},
