@@ -31,9 +31,9 @@ class Processes:
     and the `dispatch` table. `handlers`: the controller's, one per member message kind
     (`protocol.FROM_MEMBER`); `results`: the controller's inbox channel; `clock`: the liveness clock.
 
-        `done`: devices whose member said done; `stopping`: device -> wall-clock time its member stopped
-        (its own `stopping` report, or silent since, for one killed); `killed`: device -> why the
-        controller killed it (heartbeat | node). A spawn clears the device's `stopping` and `killed`.
+    `done`: devices whose member said done; `stopping`: device -> wall-clock time its member stopped
+    (its own `Stopping` report, or silent since, for one killed); `killed`: device -> why the
+    controller killed it (heartbeat | node). A spawn clears the device's `stopping` and `killed`.
     """
 
     def __init__(
