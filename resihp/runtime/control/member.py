@@ -51,7 +51,8 @@ import torch
 import torch.distributed as dist
 
 from ..exec.groups import build_groups
-from ..exec.worker import Hooks, Worker
+from ..exec.iteration import Hooks
+from ..exec.worker import Worker
 from ..faults import faults_at, join_stop
 from ..state.checkpoint import load_init, save_shard
 from ..state.snapshot import exchange, holders
