@@ -71,7 +71,9 @@ def _graph() -> dict[str, set[str]]:
 
 def _layer(module: str) -> int:
     rest = module.removeprefix("resihp.runtime").lstrip(".")
-    return LAYERS[rest.split(".")[0]] if rest else max(LAYERS.values())
+    top = rest.split(".")[0]
+    assert not rest or top in LAYERS, f"{module}: give `{top}` its layer in LAYERS (and docs/runtime.md)"
+    return LAYERS[top] if rest else max(LAYERS.values())
 
 
 def test_no_import_cycle_inside_the_runtime():
