@@ -42,6 +42,7 @@ import numpy as np
 from resihp.core.costs import Costs
 from resihp.core.plan import Plan, Stage
 from resihp.core.program import compile_plan
+from resihp.core.trace_format import InstrRow
 from resihp.cost.calibration import chunk_table, fit_linear_time, mape
 from resihp.runtime.config import TrainConfig
 from resihp.runtime.train import run_training
@@ -119,14 +120,15 @@ def calibrate(res: dict, first: int, last: int) -> tuple[dict, dict, float]:
         if not first <= rec["iter"] < last:
             continue
         g = (rec["replica"], rec["stage"])
-        for op, src, mb, comp, comm in rec["instrs"]:
-            if op in ("F", "B"):  # the chunk's wall time: its TP collectives are part of it
-                k = plan.mb_offset(src) + mb
-                samples.setdefault((g, op, rec["iter"], k), []).append(comp + comm)
-            elif op == "ALLREDUCE":
-                allreduce.setdefault(g, []).append(comp + comm)
-            elif op == "RECV":  # includes waiting for the sender: its fast tail is the transfer
-                sends.append(comp + comm)
+        for row in map(InstrRow.from_json, rec["instrs"]):
+            wall = row.compute_s + row.comm_s
+            if row.op in ("F", "B"):  # the chunk's wall time: its TP collectives are part of it
+                k = plan.mb_offset(row.src) + row.mb
+                samples.setdefault((g, row.op, rec["iter"], k), []).append(wall)
+            elif row.op == "ALLREDUCE":
+                allreduce.setdefault(g, []).append(wall)
+            elif row.op == "RECV":  # includes waiting for the sender: its fast tail is the transfer
+                sends.append(wall)
     fits: dict[tuple, list] = {}
     for (g, op, it, k), ts in samples.items():  # a TP group runs at its slowest member's pace
         sq = workload.pack(it, plan.global_microbatches).sum_sq[k]

@@ -29,8 +29,8 @@ import torch.multiprocessing as mp
 from resihp.model import build_stage
 from resihp.model.loss import microbatch_loss
 from resihp.runtime.config import TrainConfig
-from resihp.runtime.data import build_microbatch
-from resihp.runtime.reference import build_optimizer
+from resihp.runtime.exec.data import build_microbatch
+from resihp.runtime.exec.optim import build_optimizer
 from resihp.runtime.train import run_training
 
 Times = list[tuple[float, float]]  # per iteration: (wall_s, cpu_s) of the slowest rank
@@ -88,9 +88,9 @@ def overhead_in_process(cfg: TrainConfig, iterations: int) -> dict:
     """Timing on vs off on one Worker in a 1-rank world: every iteration index runs twice, once per
     mode (same data, same cost; the order alternates), and the paired ratios are summarised."""
     from resihp.core.plan import Plan
-    from resihp.runtime.groups import build_groups
-    from resihp.runtime.launch import JobSpec
-    from resihp.runtime.worker import Worker
+    from resihp.runtime import JobSpec
+    from resihp.runtime.exec.groups import build_groups
+    from resihp.runtime.exec.worker import Worker
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)

@@ -18,9 +18,9 @@ import subprocess
 import tempfile
 import time
 
+from resihp.runtime import JobSpec
 from resihp.runtime.config import TrainConfig
-from resihp.runtime.controller import launch_elastic
-from resihp.runtime.launch import JobSpec
+from resihp.runtime.control.controller import launch_elastic
 from resihp.runtime.train import run_training
 
 

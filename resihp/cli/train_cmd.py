@@ -29,7 +29,7 @@ def run(args) -> int:
     from dataclasses import replace
 
     from resihp.core.files import check_dir, check_input, check_outputs, read_toml, write_atomic
-    from resihp.runtime.dirlock import check_free
+    from resihp.runtime.state.dirlock import check_free
 
     # Every input is checked before the runtime loads and before any process starts: the flags
     # first, under the names the user typed, then the config and the whole run (`check_run`).

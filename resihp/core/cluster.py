@@ -4,7 +4,7 @@ Immutable: applying a fault returns a new Cluster, so a scheduler can hold the s
 Device ids are global, `node = id // gpus_per_node`.
 
 `gpu` is a hardware preset name (`resihp.cost.HARDWARE`) or a concrete `resihp.cost.Hardware`, e.g.
-one calibrated from the runtime's own measurements (`resihp.runtime.calibrate`); the cost model
+one calibrated from the runtime's own measurements (`resihp.runtime.adapt.calibrate`); the cost model
 resolves either (`resihp.cost.hardware_preset`). core does not import cost, so an instance is
 checked by its attributes here. Per-device speed factors stay in `speed` either way.
 """

@@ -8,7 +8,7 @@ calibrated against published MFU, not a prediction.
 
 `p2p_bw` / `alpha_p2p_s` (None: the link's `intra_bw` / `inter_bw` and latency, as collectives): the
 point-to-point (pipeline) transfers' own rate and latency, for fabrics where they differ from the
-collectives' — the CPU runtime's link model throttles P2P blocks only (`resihp.runtime.calibrate`).
+collectives' — the CPU runtime's link model throttles P2P blocks only (`resihp.runtime.adapt.calibrate`).
 `layer_overhead_s`: a fixed cost per layer in every F and B chunk (kernel launches, framework
 dispatch), not shared by TP; 0 on the GPU presets, where the matmuls dominate, but what dominates
 the CPU runtime's tiny models.

@@ -1,7 +1,7 @@
 """Detector: change-point detection with the workload filter, localization (fail-slow).
 
 Fail-stop liveness — heartbeats, hung and dead members — is the runtime's, in one place:
-`resihp.runtime.liveness` (torch-free); the simulator models its latency (`sim.detection`).
+`resihp.runtime.control.liveness` (torch-free); the simulator models its latency (`sim.detection`).
 
 Torch-free. The micro-batch time predictor lives in `resihp.cost.calibration`; the iteration-time
 predictor (`ITP`) is the pipeline simulator (`resihp.sim.pipeline`) on fitted MTP rows. `replay`

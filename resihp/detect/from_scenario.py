@@ -5,8 +5,9 @@ iteration lasts as long as its slowest replica), on the scenario's own micro-bat
 (`Workload.pack(iteration, G)`), for `run.iterations` iterations or `run.duration_s` over the
 predicted healthy iteration time (at most `MAX_ITERS`). `slow` faults slow one device; `link`
 faults slow one P2P rank pair between adjacent stages of a replica. Fail-stop and re-join are the
-heartbeats' business (`runtime/liveness.py`) and are skipped with a warning, as are links that carry no
-pipeline traffic. Named fault generators are expanded as the job simulator expands them (seed 0).
+heartbeats' business (`runtime/control/liveness.py`) and are skipped with a warning, as are links
+that carry no pipeline traffic. Named fault generators are expanded as the job simulator expands
+them (seed 0).
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-OPS = ("F", "B", "W", "SEND", "RECV", "ALLREDUCE", "STEP")
+from resihp.core.trace_format import InstrRow
+
 _INT_FIELDS = ("iter", "generation", "device", "replica", "stage", "tp_rank")
 _NUM_FIELDS = ("wall_s", "compute_s", "comm_s")
 KNOWN_FIELDS = frozenset((*_INT_FIELDS, *_NUM_FIELDS, "instrs"))
@@ -29,7 +30,7 @@ class TraceRecord:
     wall_s: float
     compute_s: float
     comm_s: float
-    instrs: tuple[tuple[str, int, int, float, float], ...]  # (op, src, mb, compute_s, comm_s)
+    instrs: tuple[InstrRow, ...]
 
 
 def _is_int(v) -> bool:
@@ -57,16 +58,12 @@ def parse_record(raw: object, where: str) -> tuple[TraceRecord, list[str]]:
         raise ValueError(f"{where}: field 'instrs' must be a list")
     instrs = []
     for k, e in enumerate(raw["instrs"]):
-        ok = (
-            isinstance(e, list) and len(e) == 5 and e[0] in OPS and _is_int(e[1]) and _is_int(e[2])
-            and _is_num(e[3]) and _is_num(e[4])
-        )  # fmt: skip
-        if not ok:
-            raise ValueError(
-                f"{where}: instrs[{k}] = {e!r}: must be [op, src, mb, compute_s, comm_s] with op in "
-                f"{', '.join(OPS)} and times >= 0"
-            )
-        instrs.append((e[0], e[1], e[2], float(e[3]), float(e[4])))
+        if not isinstance(e, list):  # (a JSON row is a list)
+            raise ValueError(f"{where}: instrs[{k}] = {e!r}: must be a list")
+        try:
+            instrs.append(InstrRow.from_json(e))
+        except ValueError as exc:
+            raise ValueError(f"{where}: instrs[{k}] = {exc}") from None
     rec = TraceRecord(
         *(raw[k] for k in _INT_FIELDS), *(float(raw[k]) for k in _NUM_FIELDS), tuple(instrs)
     )  # fmt: skip

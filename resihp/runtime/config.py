@@ -11,7 +11,7 @@ TOML layout (every key optional; defaults = the embedded default job):
     schedule = "1f1b"            # gpipe | 1f1b | zbh1
     microbatches = 4             # per replica per iteration
     seq_len = 128                # tokens per packed micro-batch
-    p2p = "root"                 # root | chunked: SEND/RECV between TP groups (runtime/worker.py)
+    p2p = "root"                 # root | chunked: SEND/RECV between TP groups (runtime/exec/worker.py)
     [workload]
     lengths = "pystdlib"         # the embedded corpus; or fixed / c4 / github / ... (synthetic bytes)
     seed = 0
@@ -26,7 +26,7 @@ TOML layout (every key optional; defaults = the embedded default job):
     trace = "trace.jsonl"        # optional: also write the trace as JSON lines
     faults = "faults.toml"       # optional: [[faults]] to inject (runtime/faults.py)
     checkpoint_every = 0         # optional: save the committed state every N iterations (0: off)
-    checkpoint_dir = "ckpt"      # where (runtime/checkpoint.py); `resihp train --resume DIR`
+    checkpoint_dir = "ckpt"      # where (runtime/state/checkpoint.py); `resihp train --resume DIR`
     snapshots = false            # in-memory peer snapshots: survive losing every replica of a stage
     link_mb_per_s = 0.0          # nominal P2P bandwidth, MB/s: a block of B bytes takes >= B/bw (0: off)
     heartbeat_timeout_s = 3.0    # a worker silent this long is hung: killed, then a fail-stop (1 to 60)
@@ -56,10 +56,10 @@ from resihp.core.workload import LENGTH_KINDS, Workload
 from resihp.sched.base import Policy
 from resihp.sched.registry import build_policy
 
-from .dirlock import check_free
+from .control.liveness import HEARTBEAT_TIMEOUT_RANGE_S, HEARTBEAT_TIMEOUT_S
 from .faults import load_faults
-from .liveness import HEARTBEAT_TIMEOUT_RANGE_S, HEARTBEAT_TIMEOUT_S
-from .reference import OptimConfig
+from .job import OptimConfig
+from .state.dirlock import check_free
 
 MAX_WORKERS_PER_CORE = 16
 P2P_MODES = ("root", "chunked")

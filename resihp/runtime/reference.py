@@ -1,61 +1,23 @@
 """Single-process training of the whole model on the same micro-batches: the parity oracle.
 
 Distributed runs (any Plan, any failures) must reproduce `train_reference`'s per-iteration losses
-and final state to floating-point tolerance. The optimizer is fp32 AdamW with the hyper-parameters
-of `OptimConfig`, shared with the runtime through `build_optimizer` so both decay the same tensors.
-AdamW is element-wise, so stepping shards equals stepping the full tensors.
+and final state to floating-point tolerance. The optimizer is the runtime's own (`exec.optim`:
+fp32 AdamW with the hyper-parameters of `OptimConfig`), so both decay the same tensors. Only tests
+and benchmarks import this module: production code never runs the oracle.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
-
 import torch
-from torch import nn
 
 from resihp.core.model_spec import ModelSpec
 from resihp.core.workload import Workload
 from resihp.model.loss import iteration_loss, microbatch_loss
 from resihp.model.stage import build_stage
 
-from .data import iteration_microbatches
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    """AdamW hyper-parameters; weight decay applies to matrices only (not to norms or biases)."""
-
-    lr: float = 1e-3
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    weight_decay: float = 0.1
-
-    def __post_init__(self) -> None:
-        if not self.lr > 0:
-            raise ValueError(f"optim.lr = {self.lr!r}: must be > 0")
-        if not all(0 <= b < 1 for b in self.betas):
-            raise ValueError(f"optim.betas = {self.betas!r}: each must be in [0, 1)")
-        if not self.eps > 0:
-            raise ValueError(f"optim.eps = {self.eps!r}: must be > 0")
-        if self.weight_decay < 0:
-            raise ValueError(f"optim.weight_decay = {self.weight_decay!r}: must be >= 0")
-
-
-def is_decayed(name: str, param: torch.Tensor) -> bool:
-    """Weight decay for 2-D weights (projections, embedding, LM head); none for norms and biases."""
-    return param.ndim >= 2
-
-
-def build_optimizer(named_params: Iterable[tuple[str, nn.Parameter]], cfg: OptimConfig) -> torch.optim.AdamW:
-    """fp32 AdamW over `named_params` (e.g. `stage.named_parameters()`), two groups by `is_decayed`."""
-    decay, plain = [], []
-    for name, p in named_params:
-        (decay if is_decayed(name, p) else plain).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": plain, "weight_decay": 0.0}]
-    return torch.optim.AdamW(
-        [g for g in groups if g["params"]], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, foreach=False
-    )
+from .exec.data import iteration_microbatches
+from .exec.optim import build_optimizer
+from .job import OptimConfig
 
 
 def train_reference(

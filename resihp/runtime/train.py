@@ -20,13 +20,15 @@ import sys
 import time
 
 from resihp.core.plan import Plan
+from resihp.core.trace_format import record_to_json
 from resihp.model.loss import iteration_loss
 from resihp.sched.base import Policy
 
 from .config import TrainConfig, check_fits, check_run
-from .controller import launch_elastic
-from .dirlock import acquire
-from .launch import JobSpec
+from .control.controller import launch_elastic
+from .control.protocol import Reached
+from .job import JobSpec
+from .state.dirlock import acquire
 
 TRACE_VERSION = 1
 FROM_CONFIG = object()  # run_training's `policy` default: the config's [policy]
@@ -75,16 +77,16 @@ class Progress:
             self._rich.stop()
 
 
-def iteration_row(plan: Plan, seq_len: int, it: int, records: list[dict]) -> dict:
-    """One `iterations` entry from every device's record of iteration `it`."""
-    losses = sorted(item for r in records for item in r["losses"])  # (global mb, loss, targets)
+def iteration_row(plan: Plan, seq_len: int, it: int, reached: list[Reached]) -> dict:
+    """One `iterations` entry from every plan device's `Reached` message of iteration `it`."""
+    losses = sorted(row for r in reached for row in r.losses)  # LossRows, in global mb order
     assert len(losses) == plan.global_microbatches, (it, len(losses))
     g = plan.global_microbatches
-    loss = iteration_loss(sum(x[1] for x in losses), g, seq_len, sum(x[2] for x in losses))
+    loss = iteration_loss(sum(x.loss for x in losses), g, seq_len, sum(x.targets for x in losses))
     return {
         "iter": it,
         "loss": loss,
-        "time_s": max(r["wall_s"] for r in records),
+        "time_s": max(r.wall_s for r in reached),
         "samples": g,
         "tokens": g * seq_len,
         "generation": plan.generation,
@@ -124,7 +126,7 @@ def run_training(
         plan = config.plan()
     start = 0
     if resume is not None:
-        from .checkpoint import load_meta, resolve
+        from .state.checkpoint import load_meta, resolve
 
         resume = resolve(resume)
         start = load_meta(resume)["iteration"]
@@ -160,8 +162,8 @@ def run_training(
     bar = Progress(config.iterations, enabled=progress)
     t_start = time.perf_counter()
 
-    def on_commit(it: int, current: Plan, payloads: list[dict]) -> None:
-        row = iteration_row(current, workload.seq_len, it, payloads)
+    def on_commit(it: int, current: Plan, reached: list[Reached]) -> None:
+        row = iteration_row(current, workload.seq_len, it, reached)
         rows.append(row)
         bar.update(row, row["samples"] / max(row["time_s"], 1e-9))
 
@@ -197,11 +199,7 @@ def run_training(
         if lock is not None:
             lock.release()
     elapsed = time.perf_counter() - t_start
-    trace = [
-        {k: v for k, v in rec.items() if k != "losses"}
-        for it in sorted(out["records"])
-        for rec in out["records"][it]
-    ]
+    trace = [record_to_json(rec) for it in sorted(out["records"]) for rec in out["records"][it]]
     if config.trace:
         with open(config.trace, "w") as f:
             for rec in trace:

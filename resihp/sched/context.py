@@ -3,7 +3,7 @@
 Both callers build it from the objects they have, nothing guessed: the job simulator from its
 scenario (`PlanningContext.of_job`: the uniform plan, the scenario's cluster and workload), the
 runtime's controller from its generation-0 plan, its node layout (`run.devices_per_node`) and the
-hardware it calibrated (`resihp.runtime.reconfig.planning_context`).
+hardware it calibrated (`resihp.runtime.adapt.reconfig.planning_context`).
 """
 
 from __future__ import annotations

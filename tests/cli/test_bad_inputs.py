@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from resihp.runtime.dirlock import acquire
+from resihp.runtime.state.dirlock import acquire
 
 SCENARIO = """
 [model]

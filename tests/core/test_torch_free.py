@@ -10,7 +10,8 @@ import resihp.core, resihp.cost, resihp.sim.pipeline, resihp.sim.predict, resihp
 import resihp.cli.main
 import resihp.core.faults, resihp.core.files, resihp.core.scenario
 import resihp.cli.report_cmd, resihp.cli.report_plot
-import resihp.runtime.dirlock, resihp.runtime.faults  # the checks `resihp train` runs before torch loads
+# the checks `resihp train` runs before torch loads
+import resihp.runtime.state.dirlock, resihp.runtime.faults, resihp.runtime.config
 assert "torch" not in [m for m in sys.modules if sys.modules[m] is not None]
 print("ok")
 """

@@ -1,4 +1,4 @@
-"""TP ranks as threads with in-process collectives: the exact contract the runtime implements."""
+"""TP ranks as threads: the runtime's own TP collectives (`tp_callables`) on an in-process all-reduce."""
 
 import threading
 
@@ -6,9 +6,11 @@ import torch
 
 from resihp.core.model_spec import model_preset
 from resihp.core.workload import Workload
-from resihp.model import build_stage, gather_state, init_state, microbatch_loss, sync_tp_grads
-from resihp.runtime.data import iteration_microbatches
-from resihp.runtime.reference import OptimConfig, build_optimizer
+from resihp.model import build_stage, gather_state, identity, init_state, microbatch_loss, sync_tp_grads
+from resihp.runtime import OptimConfig
+from resihp.runtime.exec.collectives import CommClock, tp_callables
+from resihp.runtime.exec.data import iteration_microbatches
+from resihp.runtime.exec.optim import build_optimizer
 
 LR = 1e-2
 
@@ -28,29 +30,10 @@ class ThreadGroup:
         return total
 
 
-class _Reduce(torch.autograd.Function):
-    """Megatron g: all-reduce in forward, identity in backward."""
-
-    @staticmethod
-    def forward(ctx, x, group, rank):
-        return group.all_reduce(rank, x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None, None
-
-
-class _Enter(torch.autograd.Function):
-    """Megatron f: identity in forward, all-reduce of the gradient in backward."""
-
-    @staticmethod
-    def forward(ctx, x, group, rank):
-        ctx.group, ctx.rank = group, rank
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return ctx.group.all_reduce(ctx.rank, grad), None, None
+def thread_all_reduce(t: torch.Tensor, group) -> None:
+    """The in-place sum `tp_callables` expects, over a (ThreadGroup, rank) handle."""
+    shared, rank = group
+    t.copy_(shared.all_reduce(rank, t))
 
 
 def _run_ranks(fn, size):
@@ -84,8 +67,13 @@ def _train_step(model, mbs, n_mb, seq_len, **collectives):
     return opt, total
 
 
+def test_tp1_needs_no_collectives():
+    assert tp_callables(None, CommClock(), all_reduce=thread_all_reduce) == (identity, identity)
+
+
 def test_threaded_tp_step_equals_full_step():
-    """Uneven GQA TP with f/g collectives, grad sync and sharded AdamW reproduces the unsharded step."""
+    """Uneven GQA TP with the runtime's f/g collectives, grad sync and sharded AdamW reproduces the
+    unsharded step."""
     spec, tp_split, ffn_split = model_preset("tiny-gqa"), (2, 3, 1), (100, 80, 76)
     wl = Workload(seq_len=64, num_microbatches=1, lengths="pystdlib", seed=2)
     mbs = iteration_microbatches(wl, 0, 2)
@@ -99,9 +87,10 @@ def test_threaded_tp_step_equals_full_step():
     def rank_fn(r):
         torch.set_num_threads(1)
         model = build_stage(spec, None, tp_split, ffn_split, r, state=state)
-        enter = lambda x: _Enter.apply(x, group, r)  # noqa: E731
-        reduce = lambda x: _Reduce.apply(x, group, r)  # noqa: E731
+        clock = CommClock()
+        enter, reduce = tp_callables((group, r), clock, all_reduce=thread_all_reduce)
         opt, loss = _train_step(model, mbs, 2, 64, enter=enter, reduce=reduce)
+        assert clock.comm_s > 0  # every f/g collective ran inside the clock
         grads = {n: p.grad for n, p in model.named_parameters()}
         sync_tp_grads(spec, grads, tp_split, ffn_split, r, lambda t: t.copy_(group.all_reduce(r, t)))
         synced = {n: g.clone() for n, g in grads.items()}

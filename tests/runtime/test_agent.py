@@ -13,9 +13,10 @@ import pytest
 from resihp.core.faults import FaultSpec
 from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan
+from resihp.runtime import JobSpec
 from resihp.runtime.config import TrainConfig
-from resihp.runtime.controller import launch_elastic
-from resihp.runtime.launch import JobSpec, alive
+from resihp.runtime.control.controller import launch_elastic
+from resihp.runtime.control.pids import alive
 from resihp.runtime.reference import reference_for
 from resihp.runtime.train import iteration_row
 
@@ -45,8 +46,8 @@ def test_member_death_node_death_and_a_rejoin_on_a_new_agent():
     )
     rows, killed = [], []
 
-    def on_commit(it: int, current: Plan, payloads: list[dict]) -> None:
-        rows.append(iteration_row(current, config.seq_len, it, payloads))
+    def on_commit(it: int, current: Plan, reached: list) -> None:
+        rows.append(iteration_row(current, config.seq_len, it, reached))
         if it == 2:
             killed.extend(_agent_pids(1))
             os.kill(killed[0], signal.SIGKILL)

@@ -3,7 +3,7 @@
 from resihp.core.faults import FaultSpec
 from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan
-from resihp.runtime.boundaries import Boundaries
+from resihp.runtime.control.boundaries import Boundaries
 
 SPEC = ModelSpec("t", 4, 32, 8, 2, 48, 256)
 A, B, C = (Plan.uniform(SPEC, 1, 2, 2, m) for m in (2, 3, 4))

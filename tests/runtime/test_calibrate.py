@@ -6,9 +6,10 @@ import pytest
 from resihp.core.cluster import Cluster
 from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan
+from resihp.core.trace_format import InstrRow, LinkRow
 from resihp.core.workload import Workload
 from resihp.cost import build_costs, hardware_preset
-from resihp.runtime.calibrate import calibrate_hardware
+from resihp.runtime.adapt.calibrate import calibrate_hardware
 
 SPEC = ModelSpec("t", 4, 32, 8, 2, 48, 256)
 WL = Workload(32, 2)
@@ -40,14 +41,15 @@ def _records(plan: Plan, mb_per_s: float, tp_alpha_s: float = 0.0, it: int = 1) 
                 for j in range(plan.microbatches[d]):
                     for op, fwd in (("F", True), ("B", False)):
                         t = OVERHEAD * st.num_layers + _chunk_s(base, plan, (d, i), d, j, fwd) / SCALE
-                        instrs.append([op, d, j, t, comm])
-                    instrs.append(["W", d, j, 0.0, 0.0])
+                        instrs.append(InstrRow(op, d, j, t, comm))
+                    instrs.append(InstrRow("W", d, j, 0.0, 0.0))
                     if len(stages) > 1:
                         peer = stages[1 - i].devices[0]
                         nbytes = 4 * batch.seq_len * SPEC.hidden
                         wire = nbytes / (mb_per_s * 1e6) if mb_per_s > 0 else 0.0
-                        links.append([peer, dev, "grad" if i == 0 else "act", d, j, nbytes, wire + EXCESS_S])
-                instrs.append(["ALLREDUCE", -1, -1, 1e-4, ALLREDUCE_S])
+                        what = "grad" if i == 0 else "act"
+                        links.append(LinkRow(peer, dev, what, d, j, nbytes, wire + EXCESS_S))
+                instrs.append(InstrRow("ALLREDUCE", -1, -1, 1e-4, ALLREDUCE_S))
                 rec = {"iter": it, "generation": 0, "device": dev, "replica": d, "stage": i}
                 out.append({**rec, "instrs": instrs, "links": links})
     return out
@@ -71,11 +73,12 @@ def test_calibrated_hardware_reproduces_chunk_and_transfer_times():
     costs = build_costs(SPEC, plan, Cluster(1, 4, hw), np.full(4, 32.0), batch.sum_sq)
     for rec in records:
         g = (rec["replica"], rec["stage"])
-        for op, src, j, t, _ in rec["instrs"]:
-            if op in ("F", "B"):
-                assert _chunk_s(costs, plan, g, src, j, op == "F") == pytest.approx(t, rel=1e-6)
-        for e in rec["links"]:
-            assert costs.p2p((g[0], 1 - g[1]), g) == pytest.approx(e[6], rel=1e-6)
+        for row in rec["instrs"]:
+            if row.op in ("F", "B"):
+                got = _chunk_s(costs, plan, g, row.src, row.mb, row.op == "F")
+                assert got == pytest.approx(row.compute_s, rel=1e-6)
+        for row in rec["links"]:
+            assert costs.p2p((g[0], 1 - g[1]), g) == pytest.approx(row.transfer_s, rel=1e-6)
 
 
 def test_calibration_ignores_an_outlier_and_falls_back_when_flops_explain_nothing():
@@ -84,15 +87,14 @@ def test_calibration_ignores_an_outlier_and_falls_back_when_flops_explain_nothin
     overhead."""
     plan = Plan.uniform(SPEC, 1, 2, 2, 2)
     records = _records(plan, 0.0)
-    records[1]["instrs"][0][3] *= 3.0
+    slow = records[1]["instrs"][0]
+    records[1]["instrs"][0] = slow._replace(compute_s=3.0 * slow.compute_s)
     hw = calibrate_hardware(plan, WL, records)
     assert hw.peak_flops == pytest.approx(CPU.peak_flops * SCALE, rel=1e-3)
     assert hw.layer_overhead_s == pytest.approx(OVERHEAD, rel=1e-3)
     assert hw.p2p_bw is None and hw.alpha_p2p_s == pytest.approx(EXCESS_S)  # no link model: latency only
     for rec in records:
-        for ins in rec["instrs"]:
-            if ins[0] in ("F", "B"):
-                ins[3] = 2e-3
+        rec["instrs"] = [r._replace(compute_s=2e-3) if r.op in ("F", "B") else r for r in rec["instrs"]]
     flat = calibrate_hardware(plan, WL, records)
     assert flat.peak_flops == CPU.peak_flops and 0.9e-3 < flat.layer_overhead_s < 1e-3
 

@@ -7,10 +7,10 @@ import pytest
 
 from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan, Stage
-from resihp.runtime.checkpoint import iter_dir, load_meta, resolve
 from resihp.runtime.config import TrainConfig
-from resihp.runtime.launch import alive
+from resihp.runtime.control.pids import alive
 from resihp.runtime.reference import reference_for
+from resihp.runtime.state.checkpoint import iter_dir, load_meta, resolve
 from resihp.runtime.train import run_training
 
 SPEC = ModelSpec("t", 4, 32, 8, 2, 48, 256)

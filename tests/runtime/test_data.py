@@ -7,7 +7,7 @@ import torch
 
 from resihp.core.workload import Workload, pystdlib_files
 from resihp.model.loss import IGNORE_INDEX
-from resihp.runtime.data import build_microbatch, file_bytes, iteration_microbatches
+from resihp.runtime.exec.data import build_microbatch, file_bytes, iteration_microbatches
 
 
 def _fields(mb):

@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from resihp.runtime.dirlock import LOCK_NAME, acquire, check_free, holder
+from resihp.runtime.state.dirlock import LOCK_NAME, acquire, check_free, holder
 
 HOLD = (
-    "import sys; from resihp.runtime.dirlock import acquire; "
+    "import sys; from resihp.runtime.state.dirlock import acquire; "
     "lock = acquire(sys.argv[1]); print('held', flush=True); sys.stdin.read(); lock.release()"
 )
 

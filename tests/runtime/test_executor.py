@@ -15,8 +15,11 @@ import torch
 
 from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan, Stage
+from resihp.core.program import compile_plan
+from resihp.detect.trace_io import read_trace
+from resihp.runtime import WorkerFailed
 from resihp.runtime.config import TrainConfig
-from resihp.runtime.launch import WorkerFailed, alive
+from resihp.runtime.control.pids import alive
 from resihp.runtime.reference import reference_for
 from resihp.runtime.train import run_training
 
@@ -95,6 +98,10 @@ def test_default_layout_tp2_pp2_dp2_with_trace_file(tmp_path):
     res = _check_parity(config.plan(), config)
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert lines == res["trace"] and len(lines) == ITERS * 8
+    program = compile_plan(config.plan())
+    for rec in read_trace(str(path)):  # the detector's reader: entry k is instruction k of the Program
+        want = [(i.op, i.src, i.mb) for i in program.instructions(rec.device)]
+        assert [(row.op, row.src, row.mb) for row in rec.instrs] == want
     assert {(r["replica"], r["stage"], r["tp_rank"]) for r in lines if r["iter"] == 0} == {
         (d, i, t) for d in range(2) for i in range(2) for t in range(2)
     }

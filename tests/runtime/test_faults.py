@@ -9,8 +9,8 @@ from resihp.core.faults import FaultSpec, check_faults
 from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan
 from resihp.runtime.config import TrainConfig
+from resihp.runtime.control.pids import alive
 from resihp.runtime.faults import FaultEnd, TimedFaults, faults_at, join_stop, load_faults
-from resihp.runtime.launch import alive
 from resihp.runtime.reference import reference_for
 from resihp.runtime.train import run_training
 

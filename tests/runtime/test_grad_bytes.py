@@ -17,7 +17,7 @@ from resihp.core.scenario import Job
 from resihp.core.segments import grad_segments
 from resihp.cost import build_costs
 from resihp.runtime.config import TrainConfig
-from resihp.runtime.launch import alive
+from resihp.runtime.control.pids import alive
 from resihp.runtime.reference import reference_for
 from resihp.runtime.train import run_training
 from resihp.sched import PlanningContext, ResiHP

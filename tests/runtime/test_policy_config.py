@@ -6,8 +6,8 @@ import pytest
 from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan
 from resihp.cost import hardware_preset
+from resihp.runtime.adapt.reconfig import live_view, planning_context
 from resihp.runtime.config import TrainConfig
-from resihp.runtime.reconfig import live_view, planning_context
 from resihp.sched import ResiHP, ResiHPPaper
 
 SPEC = ModelSpec("t", 4, 32, 8, 2, 48, 256)

@@ -11,7 +11,7 @@ import pytest
 from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan, Stage
 from resihp.runtime.config import TrainConfig
-from resihp.runtime.launch import alive
+from resihp.runtime.control.pids import alive
 from resihp.runtime.reference import reference_for
 from resihp.runtime.train import run_training
 

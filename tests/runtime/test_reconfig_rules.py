@@ -4,8 +4,8 @@ import pytest
 
 from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan
-from resihp.runtime.reconfig import rebalance_slow, shrink_plan
-from resihp.runtime.transfer import source_stages
+from resihp.runtime.adapt.reconfig import rebalance_slow, shrink_plan
+from resihp.runtime.state.transfer import source_stages
 
 SPEC = ModelSpec("t", 4, 32, 8, 2, 48, 256)
 PLAN = Plan.uniform(SPEC, 2, 2, 2, 2)  # replica 0: (0,1) (2,3); replica 1: (4,5) (6,7)
@@ -64,7 +64,7 @@ def test_replan_after_slow_takes_the_policys_plan_or_says_why_not():
     from resihp.core.report import FailureReport
     from resihp.core.workload import Workload
     from resihp.cost import hardware_preset
-    from resihp.runtime.reconfig import planning_context, replan_after_slow
+    from resihp.runtime.adapt.reconfig import planning_context, replan_after_slow
     from resihp.sched import ResiHP
 
     class Counted(ResiHP):

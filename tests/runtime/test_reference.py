@@ -4,8 +4,10 @@ import torch
 from resihp.core.model_spec import model_preset
 from resihp.core.workload import Workload
 from resihp.model import build_stage, init_state, iteration_loss, microbatch_loss
-from resihp.runtime.data import iteration_microbatches
-from resihp.runtime.reference import OptimConfig, build_optimizer, train_reference
+from resihp.runtime import OptimConfig
+from resihp.runtime.exec.data import iteration_microbatches
+from resihp.runtime.exec.optim import build_optimizer
+from resihp.runtime.reference import train_reference
 
 
 def test_loss_falls_on_pystdlib():

@@ -10,10 +10,11 @@ import pytest
 from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan
 from resihp.core.report import FailureReport
+from resihp.core.trace_format import InstrRow, LinkRow
+from resihp.runtime.adapt.slowwatch import SlowWatch, slow_event
 from resihp.runtime.config import TrainConfig
-from resihp.runtime.launch import alive
+from resihp.runtime.control.pids import alive
 from resihp.runtime.reference import reference_for
-from resihp.runtime.slowwatch import SlowWatch, slow_event
 from resihp.runtime.train import run_training
 
 SPEC = ModelSpec("t", 4, 32, 8, 2, 48, 256)
@@ -122,10 +123,10 @@ def _records(speed: dict[int, float], link: dict[tuple[int, int], float]) -> lis
     out = []
     for dev, peer in ((0, 1), (1, 0), (2, 3), (3, 2)):
         p = speed.get(dev, 1.0)
-        instrs = [[op, dev // 2, j, 0.01 / p, 0.0] for j in range(2) for op in ("F", "B")]
+        instrs = [InstrRow(op, dev // 2, j, 0.01 / p, 0.0) for j in range(2) for op in ("F", "B")]
         what = "grad" if dev in (0, 2) else "act"
         f = link.get((min(dev, peer), max(dev, peer)), 1.0)
-        transfers = [[peer, dev, what, dev // 2, j, 4096, 0.004 / f] for j in range(2)]
+        transfers = [LinkRow(peer, dev, what, dev // 2, j, 4096, 0.004 / f) for j in range(2)]
         out.append({"device": dev, "instrs": instrs, "links": transfers})
     return out
 

@@ -6,13 +6,13 @@ import torch
 
 from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan
+from resihp.runtime.adapt.reconfig import shrink_plan
 from resihp.runtime.config import TrainConfig
-from resihp.runtime.launch import alive
-from resihp.runtime.reconfig import shrink_plan
+from resihp.runtime.control.pids import alive
 from resihp.runtime.reference import reference_for
-from resihp.runtime.snapshot import holders
+from resihp.runtime.state.snapshot import holders
+from resihp.runtime.state.transfer import source_stages
 from resihp.runtime.train import run_training
-from resihp.runtime.transfer import source_stages
 
 SPEC = ModelSpec("t", 4, 32, 8, 2, 48, 256)
 

@@ -4,6 +4,11 @@ The controller (`controller.py`) calls `plan_after_stop` once the dead members a
 `members`, publishes the plan as generation g+1 and aborts the iteration in flight; `close_recovery`
 annotates the fail-stop event once that iteration is committed (docs/runtime.md, "What happens on a
 stop", "Recovery times").
+
+`source_generation` is the generation whose committed state the survivors hold — the transfer
+source of the next one. A member keeps what it held when it left each generation it joined; a
+generation whose join failed (a death during the rebuild) was not joined by every survivor,
+committed nothing, and its predecessor's holdings are still the committed state.
 """
 
 from __future__ import annotations
@@ -14,11 +19,10 @@ from resihp.core.plan import Plan
 from resihp.sched.base import Policy
 from resihp.sched.context import PlanningContext
 
-from .launch import JobSpec, WorkerFailed
-from .liveness import source_generation
+from ..job import JobSpec, WorkerFailed
+from ..state.snapshot import holders
+from ..state.transfer import source_stages
 from .reconfig import replan_after_stop
-from .snapshot import holders
-from .transfer import source_stages
 
 
 def plan_after_stop(
@@ -66,8 +70,23 @@ def plan_after_stop(
     return new, reason, None if src is None else (src, base)
 
 
+def source_generation(
+    plan_devices: list[tuple[int, ...]], joined: dict[int, set[int]], members
+) -> int | None:
+    """The latest generation g (index into `plan_devices`, g's plan devices) such that every surviving
+    plan device of g (at least one) joined it; None when there is none (start from the seed or the
+    checkpoint again). Monotone in time: `joined` only grows and survivors only shrink."""
+    members = set(members)
+    for g in range(len(plan_devices) - 1, -1, -1):
+        live = set(plan_devices[g]) & members
+        if live and live <= joined.get(g, set()):
+            return g
+    return None
+
+
 def close_recovery(rec: dict, events: list[dict], joined: dict) -> None:
-    """Annotate the last fail-stop event with the kill -> first committed iteration breakdown."""
+    """Annotate the last fail-stop event with the kill -> first committed iteration breakdown;
+    `joined`: generation -> its members' `Joined` messages (their seconds, the slowest member's)."""
     got = joined.get(rec["gen"], [])
     stop = next(e for e in reversed(events) if e["kind"] == "fail-stop")
     stop["recovery"] = {
@@ -75,7 +94,16 @@ def close_recovery(rec: dict, events: list[dict], joined: dict) -> None:
         "detect_s": rec["detect_s"],
         "plan_s": rec["plan_s"],
         **{
-            k: max((p[k] for p in got), default=0.0)
+            k: max((getattr(m, k) for m in got), default=0.0)
             for k in ("teardown_s", "group_s", "transfer_s", "build_s")
         },
     }
+
+
+def mark_noticed(events: list[dict], noticed: dict[int, dict[int, str]]) -> None:
+    """Annotate the first fail-stop event that ended each generation g with how every member saw the
+    failure (`noticed`: g -> device -> the error its `Abort` carried)."""
+    for g, seen in noticed.items():
+        stop = next((e for e in events if e["kind"] == "fail-stop" and e["generation"] == g), None)
+        if stop is not None:
+            stop["noticed"] = {d: seen[d] for d in sorted(seen)}

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from resihp.core.plan import Plan, Stage
-from resihp.model import full_shape, gather_tensor, slice_tensor, stage_param_names
+from resihp.model import full_shape, gather_state, gather_tensor, slice_tensor, stage_param_names
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -155,3 +155,18 @@ def transfer(
         for k in range(kinds):
             full[k][name] = gather_tensor(spec, name, [p[k] for p in per_rank], st.tp_split, st.ffn_split)
     return StageInit(full[0], (full[1], full[2]) if kinds > 1 else None, steps)
+
+
+def gather_replicas(plan: Plan, shards: dict[int, dict]) -> dict[int, dict[str, torch.Tensor]]:
+    """replica -> full state dict, from the TP shards (device -> name -> numpy array) of each of
+    its (non-hollow) stages: the final state a job returns."""
+    out: dict[int, dict[str, torch.Tensor]] = {}
+    for d, stages in enumerate(plan.replicas):
+        full: dict[str, torch.Tensor] = {}
+        for st in stages:
+            if st.hollow:
+                continue
+            pieces = [{n: torch.from_numpy(a) for n, a in shards[dev].items()} for dev in st.devices]
+            full.update(gather_state(plan.model, pieces, st.tp_split, st.ffn_split, "copy"))
+        out[d] = full
+    return out

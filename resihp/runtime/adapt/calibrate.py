@@ -33,6 +33,7 @@ import numpy as np
 
 from resihp.core.cluster import Cluster
 from resihp.core.plan import Plan
+from resihp.core.trace_format import COMPUTE_OPS
 from resihp.cost.build import build_costs
 from resihp.cost.calibration import fit_linear_time
 from resihp.cost.comm import Links, tp_comm_coeffs
@@ -61,7 +62,9 @@ def calibrate_hardware(
     alpha = _collective_alpha(plan, Links(cluster, hw0), records, float(batch.seq_len))
     if alpha is not None:
         changes.update(alpha_intra_s=alpha, alpha_inter_s=alpha)
-    blocks = [(e[5], e[6]) for r in records for e in r.get("links", ()) if e[6] > 0]
+    blocks = [
+        (row.nbytes, row.transfer_s) for r in records for row in r.get("links", ()) if row.transfer_s > 0
+    ]
     if link_mb_per_s > 0:
         nominal = link_mb_per_s * 1e6
         changes["p2p_bw"] = nominal * MODEL_VALUE_BYTES / RUNTIME_VALUE_BYTES
@@ -82,10 +85,10 @@ def compute_samples(plan: Plan, costs, records: list[dict]) -> list[tuple[int, f
             continue
         layers = plan.replicas[rec["replica"]][rec["stage"]].num_layers
         measured: dict[tuple, float] = {}
-        for op, src, mb, compute_s, _ in rec["instrs"]:
-            if op in ("F", "B", "W"):
-                key = (op == "F", src, mb)
-                measured[key] = measured.get(key, 0.0) + compute_s
+        for row in rec["instrs"]:
+            if row.op in COMPUTE_OPS:
+                key = (row.op == "F", row.src, row.mb)
+                measured[key] = measured.get(key, 0.0) + row.compute_s
         for (forward, src, mb), t in measured.items():
             k = plan.mb_offset(src) + mb
             row = table[0] if forward else table[1] + table[2]
@@ -117,10 +120,10 @@ def _collective_alpha(plan: Plan, links: Links, records: list[dict], tokens: flo
             steps = 4 * st.num_layers * (st.tp - 1)  # 2 all-reduces per layer, 2 (t - 1) steps each
             comm: dict[tuple, float] = {}
             for d in st.devices:
-                for op, src, mb, _, comm_s in by_dev[d]["instrs"]:
-                    if op in ("F", "B"):
-                        key = (op, src, mb)
-                        comm[key] = min(comm.get(key, np.inf), comm_s)
+                for row in by_dev[d]["instrs"]:
+                    if row.op in ("F", "B"):
+                        key = (row.op, row.src, row.mb)
+                        comm[key] = min(comm.get(key, np.inf), row.comm_s)
             samples += [max(0.0, t - per_token * tokens) / steps for t in comm.values()]
     if samples:
         return statistics.median(samples)
@@ -131,12 +134,12 @@ def _collective_alpha(plan: Plan, links: Links, records: list[dict], tokens: flo
                 rings.setdefault(st.layers, []).append(st.devices)
     for groups in rings.values():
         times = [
-            comm_s
+            row.comm_s
             for devs in groups
             for d in devs
             if d in by_dev
-            for op, _, _, _, comm_s in by_dev[d]["instrs"]
-            if op == "ALLREDUCE"
+            for row in by_dev[d]["instrs"]
+            if row.op == "ALLREDUCE"
         ]
         if len(groups) > 1 and times:
             samples.append(min(times) / (2 * (len(groups) - 1)))

@@ -4,80 +4,56 @@ The paper's node-local monitor; the controller (`controller.py`) is the central 
 are grouped into nodes by `device // devices_per_node` (`run.devices_per_node`; default: every device
 on one node). An agent (`agent_main`, one process per node)
 
-* spawns members on the controller's commands, read from its own command queue: ("spawn", device,
-  blob), ("kill", device), ("shutdown", grace_s). It starts them through its own forkserver, which
-  preloads torch once per node (the agents of a job preload in parallel); the agent itself never
-  imports torch: a member's arguments travel as one pickled `blob`;
-* polls its members' exit codes every `EXIT_POLL_S` and reports ("exited", device, {"code", "node",
-  "pid"}) at once, and every spawn as ("spawned", device, {"pid", "node"});
-* receives its members' heartbeats on its own queue and forwards them, with its own, every
-  `HEARTBEAT_S` as ("agent", node, {"time", "beats": {device: arrival of its last beat}}) (agent
-  clock): who is hung is judged in one place, the controller's `liveness.Liveness`;
+* spawns members on the controller's commands, read from its own command channel (`Spawn`, `Kill`,
+  `Shutdown`). It starts them through its own forkserver, which preloads torch once per node (the
+  agents of a job preload in parallel); the agent itself never imports torch: a member's arguments
+  travel as one opaque `blob`;
+* polls its members' exit codes every `EXIT_POLL_S` and reports each exit (`Exited`) at once, and
+  every spawn (`Spawned`);
+* receives its members' `Heartbeat`s on its own channel and forwards them, with its own, every
+  `HEARTBEAT_S` as an `AgentBeat` (device -> arrival of its last beat, agent clock): who is hung is
+  judged in one place, the controller's `liveness.Liveness`;
 * reaps its members when it shuts down, when it fails, and when the controller is gone; a member
-  exits when its agent is gone (`watch`), so a dead agent — a dead node — takes its workers down.
+  exits when its agent is gone (`pids.watch`), so a dead agent — a dead node — takes its workers down.
 
 `Agents` is the controller's side: it starts an agent when a node gets its first member (a re-join
 on a dead node starts a new one), sends the commands, keeps the process table from the reports
-(`track`), declares a node dead when its agent exits or is silent for the heartbeat timeout
-(`lost`), fencing it first — the agent and the members it reported are killed, as a real node's
-processes are gone with it — and shuts the agents down at the end.
+(`on_spawned`, `on_exited`), declares a node dead when its agent exits or is silent for the
+heartbeat timeout (`lost`), fencing it first — the agent and the members it reported are killed,
+as a real node's processes are gone with it — and shuts the agents down at the end.
 
-Torch-free. Single host: the command and report queues are `multiprocessing` queues, and fencing
-and the orphan checks use local pids; agents on other hosts would talk to the controller through
-its TCPStore instead (not built).
+Torch-free. Single host: the channels are those of `transport.py` (one host's queues), and fencing
+and the orphan checks use local pids; agents on other hosts need another transport (not built).
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import queue as queue_mod
 import signal
 import threading
 import time
 
 from .liveness import HEARTBEAT_S, Liveness
+from .pids import WATCH_S, running, watch
+from .pids import kill as kill_pid
+from .protocol import (
+    TO_AGENT,
+    TO_AGENT_BEATS,
+    AgentBeat,
+    Dispatch,
+    Exited,
+    Heartbeat,
+    Kill,
+    Kind,
+    Shutdown,
+    Spawn,
+    Spawned,
+)
+from .transport import Channel, Transport
 
-MEMBER_PRELOAD = ["resihp.runtime.member", "torch._dynamo"]  # what a node's forkserver imports once
+MEMBER_PRELOAD = ["resihp.runtime.control.member", "torch._dynamo"]  # what a node's forkserver imports once
 EXIT_POLL_S = 0.05  # an agent sees a member's exit within this
-WATCH_S = 0.2  # a member checks that its agent runs, an agent that its controller runs, this often
-
-
-class WorkerFailed(RuntimeError):
-    """A worker raised or died; every child has been reaped when this propagates."""
-
-    def __init__(self, message: str, devices: list[int], pids: list[int]) -> None:
-        super().__init__(message)
-        self.devices, self.pids = devices, pids
-
-
-def running(pid: int) -> bool:
-    """Whether process `pid` runs (exists and is not a zombie); Linux `/proc`."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
-
-
-def watch(pid: int, on_gone, period_s: float = WATCH_S) -> None:
-    """Call `on_gone()` (it ends this process) from a daemon thread once `pid` no longer runs, even
-    when it was SIGKILLed: a member watches its agent, an agent its controller."""
-
-    def loop() -> None:
-        while running(pid):
-            time.sleep(period_s)
-        on_gone()
-
-    threading.Thread(target=loop, name=f"watch-{pid}", daemon=True).start()
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _member(blob: bytes, beats, results, agent: int) -> None:
@@ -88,75 +64,84 @@ def _member(blob: bytes, beats, results, agent: int) -> None:
 
 
 def agent_main(
-    node: int, commands, beats, results, controller: int, heartbeat_s: float = HEARTBEAT_S
-) -> None:
-    """The agent process of `node` (non-daemonic: it has children); runs until ("shutdown", grace_s).
-    `beats`: its members' heartbeat queue (the controller's, so that a killed agent leaks nothing)."""
+    node: int, commands: Channel, beats: Channel, results: Channel, controller: int,
+    heartbeat_s: float = HEARTBEAT_S,
+) -> None:  # fmt: skip
+    """The agent process of `node` (non-daemonic: it has children); runs until `Shutdown`.
+    `beats`: its members' heartbeat channel (made by the controller, so that a killed agent leaks
+    nothing)."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(MEMBER_PRELOAD)
     procs: dict = {}  # device -> its current member process
     last: dict[int, float] = {}  # device -> arrival of its current process's last heartbeat
     lock = threading.Lock()  # procs and last, shared with the forwarding thread
     stop = threading.Event()
+    shutdown: list[float] = []  # the deadline of a `Shutdown`, once received
 
     def orphaned() -> None:  # the controller is gone: no member outlives it
         with lock:
             pids = [p.pid for p in procs.values()]
         for pid in pids:
-            _kill(pid)
+            kill_pid(pid)
         os._exit(3)
 
+    def on_heartbeat(msg: Heartbeat) -> None:
+        with lock:
+            if msg.device in procs and procs[msg.device].pid == msg.pid:  # not a killed predecessor's
+                last[msg.device] = time.monotonic()
+
     def forward() -> None:
+        table = Dispatch({Kind.HEARTBEAT: on_heartbeat}, TO_AGENT_BEATS)
         while not stop.is_set():
-            now = time.monotonic()
-            while True:
-                try:
-                    _, dev, body = beats.get_nowait()
-                except queue_mod.Empty:
-                    break
-                with lock:
-                    if dev in procs and procs[dev].pid == body["pid"]:  # not a killed predecessor's
-                        last[dev] = now
+            msg = beats.recv()
+            while msg is not None:
+                table(msg)
+                msg = beats.recv()
             with lock:
                 seen = dict(last)
             try:
-                results.put(("agent", node, {"time": now, "beats": seen}))
+                results.send(AgentBeat(node, time.monotonic(), seen))
             except (ValueError, OSError):  # closed: the agent is exiting
                 return
             stop.wait(heartbeat_s)
 
+    def on_spawn(msg: Spawn) -> None:
+        args = (msg.blob, beats, results, os.getpid())
+        p = ctx.Process(target=_member, args=args, name=f"member-{msg.device}", daemon=True)
+        p.start()
+        with lock:
+            procs[msg.device] = p
+            last.pop(msg.device, None)
+        results.send(Spawned(msg.device, p.pid, node))
+
+    def on_kill(msg: Kill) -> None:
+        if msg.device in procs:
+            procs[msg.device].kill()  # SIGKILL ends a stopped (frozen) process too; its sockets close
+            procs[msg.device].join(5.0)
+
+    def on_shutdown(msg: Shutdown) -> None:
+        deadline = time.monotonic() + msg.grace_s  # let finishing members exit by themselves
+        for p in list(procs.values()):
+            p.join(max(0.0, deadline - time.monotonic()))
+        shutdown.append(deadline)
+
+    table = Dispatch({Kind.SPAWN: on_spawn, Kind.KILL: on_kill, Kind.SHUTDOWN: on_shutdown}, TO_AGENT)
     watch(controller, orphaned)
     beat = threading.Thread(target=forward, name="agent-heartbeat", daemon=True)
     beat.start()  # beats even while the first spawn waits for the forkserver's preload
     try:
-        while True:
-            try:
-                cmd = commands.get(timeout=EXIT_POLL_S)
-            except queue_mod.Empty:
-                cmd = ("poll",)
-            if cmd[0] == "spawn":
-                dev, blob = cmd[1], cmd[2]
-                args = (blob, beats, results, os.getpid())
-                p = ctx.Process(target=_member, args=args, name=f"member-{dev}", daemon=True)
-                p.start()
-                with lock:
-                    procs[dev] = p
-                    last.pop(dev, None)
-                results.put(("spawned", dev, {"pid": p.pid, "node": node}))
-            elif cmd[0] == "kill" and cmd[1] in procs:
-                procs[cmd[1]].kill()  # SIGKILL ends a stopped (frozen) process too; its sockets close
-                procs[cmd[1]].join(5.0)
-            elif cmd[0] == "shutdown":
-                deadline = time.monotonic() + cmd[1]  # let finishing members exit by themselves
-                for p in list(procs.values()):
-                    p.join(max(0.0, deadline - time.monotonic()))
+        while not shutdown:
+            msg = commands.recv(EXIT_POLL_S)
+            if msg is not None:
+                table(msg)
+            if shutdown:
                 break
             for dev, p in list(procs.items()):
                 if p.exitcode is not None:
                     with lock:
                         del procs[dev]
                         last.pop(dev, None)
-                    results.put(("exited", dev, {"code": p.exitcode, "node": node, "pid": p.pid}))
+                    results.send(Exited(dev, p.exitcode, node, p.pid))
     finally:  # also on an error of ours (the process prints it and exits 1: the controller sees a dead node)
         for p in list(procs.values()):
             p.kill()
@@ -164,8 +149,7 @@ def agent_main(
             p.join(5.0)
         stop.set()
         beat.join(1.0)
-        results.close()
-        results.join_thread()  # every report delivered before the process ends
+        results.flush()  # every report delivered before the process ends
 
 
 class Agents:
@@ -173,14 +157,20 @@ class Agents:
     nodes, shutdown. `pids` lists every process started (agents and the members they reported)."""
 
     def __init__(
-        self, results, devices_per_node: int | None, timeout_s: float, start_timeout_s: float
+        self,
+        transport: Transport | None,
+        results: Channel | None,
+        devices_per_node: int | None,
+        timeout_s: float,
+        start_timeout_s: float,
     ) -> None:
-        self.results, self.per = results, devices_per_node
+        """`transport` makes each node's channels; `results`: the controller's inbox."""
+        self.transport, self.results, self.per = transport, results, devices_per_node
         self.ctx = mp.get_context("spawn")  # a fresh interpreter: the agent never imports torch
         self.procs: dict = {}  # node -> its agent process
-        self.commands: dict = {}  # node -> its command queue
-        self.beats: dict = {}  # node -> its members' heartbeat queue (referenced: its semaphores live)
-        self.liveness = Liveness(timeout_s, start_timeout_s)  # of the agents, fed by `liveness.Inbox`
+        self.commands: dict[int, Channel] = {}  # node -> its command channel
+        self.beats: dict[int, Channel] = {}  # node -> its members' heartbeat channel (kept: it lives)
+        self.liveness = Liveness(timeout_s, start_timeout_s)  # of the agents, fed by `liveness.agent_beat`
         self.pid: dict[int, int] = {}  # device -> pid of its current process, once reported
         self.code: dict[int, int | None] = {}  # device -> exit code of its current process (None: runs)
         self.pids: list[int] = []
@@ -193,7 +183,7 @@ class Agents:
         when the node has none (its first member, or a re-join on a node that died)."""
         node = self.node_of(device)
         if node not in self.procs:
-            commands, beats = self.ctx.Queue(), self.ctx.Queue()
+            commands, beats = self.transport.channel(), self.transport.channel()
             args = (node, commands, beats, self.results, os.getpid())
             proc = self.ctx.Process(target=agent_main, args=args, name=f"resihp-agent-{node}")
             proc.start()
@@ -202,24 +192,23 @@ class Agents:
             self.liveness.spawn(node, time.monotonic())
         self.pid.pop(device, None)
         self.code[device] = None
-        self.commands[node].put(("spawn", device, blob))
+        self.commands[node].send(Spawn(device, blob))
 
     def kill(self, device: int) -> None:
         """SIGKILL the device's process (its agent reports the exit)."""
-        self.commands[self.node_of(device)].put(("kill", device))
+        self.commands[self.node_of(device)].send(Kill(device))
 
     def exitcode(self, device: int) -> int | None:
         """The exit code of the device's current process; None while it runs (or was never started)."""
         return self.code.get(device)
 
-    def track(self, msg: tuple) -> None:
-        """Apply an agent's ("spawned" | "exited", device, body) report (`liveness.Inbox` calls it)."""
-        kind, dev, body = msg
-        if kind == "spawned":
-            self.pid[dev] = body["pid"]
-            self.pids.append(body["pid"])
-        elif self.pid.get(dev) == body["pid"]:  # not the exit of a process the device had before
-            self.code[dev] = body["code"]
+    def on_spawned(self, msg: Spawned) -> None:
+        self.pid[msg.device] = msg.pid
+        self.pids.append(msg.pid)
+
+    def on_exited(self, msg: Exited) -> None:
+        if self.pid.get(msg.device) == msg.pid:  # not the exit of a process the device had before
+            self.code[msg.device] = msg.code
 
     def lost(self, now: float) -> dict[int, list[int]]:
         """Nodes declared dead now — the agent exited, or was silent for the heartbeat timeout — ->
@@ -232,13 +221,13 @@ class Agents:
                 continue
             proc.kill()
             proc.join()
-            self.commands.pop(node).cancel_join_thread()  # nobody reads it any more
+            self.commands.pop(node).abandon()  # nobody reads it any more
             del self.procs[node], self.beats[node]
             self.liveness.forget(node)
             devs = sorted(d for d, c in self.code.items() if c is None and self.node_of(d) == node)
             for d in devs:
                 if d in self.pid:
-                    _kill(self.pid[d])
+                    kill_pid(self.pid[d])
                 self.code[d] = -signal.SIGKILL
             out[node] = devs
         return out
@@ -250,16 +239,16 @@ class Agents:
     def shutdown(self, grace_s: float) -> None:
         """Ask every agent to give its members up to `grace_s` to exit, reap them and exit; SIGKILL an
         agent that has not 5 s later (its members then exit by themselves: they watch it)."""
-        for q in self.commands.values():
-            q.put(("shutdown", grace_s))
+        for channel in self.commands.values():
+            channel.send(Shutdown(grace_s))
         deadline = time.monotonic() + grace_s + 5.0
         for proc in self.procs.values():
             proc.join(max(0.0, deadline - time.monotonic()))
             if proc.exitcode is None:
                 proc.kill()
                 proc.join()
-        for q in self.commands.values():
-            q.close()
+        for channel in self.commands.values():
+            channel.close()
         self.procs.clear()
         self.commands.clear()
         self.beats.clear()
@@ -273,4 +262,4 @@ class Agents:
             time.sleep(0.05)
         for pid in left:
             if running(pid):
-                _kill(pid)
+                kill_pid(pid)

@@ -1,7 +1,9 @@
 """The controller's member processes: spawning, liveness verdicts, deaths, failing the job, shutdown.
 
-Torch-free. The controller (`controller.py`) reads every message through `Processes.inbox` and
-asks, at every turn of its loop, for the verdicts (`check_alive`) and the members that died (`dead`):
+Torch-free. The controller (`controller.py`) reads every message through `Processes.inbox`, hands
+each to `Processes.dispatch` — the one table of every kind it can receive: its own handlers for the
+members' messages, this module's for the agents' reports — and asks, at every turn of its loop, for
+the verdicts (`check_alive`) and the members that died (`dead`):
 
 * Liveness (`liveness.py`): every member beats every 0.25 s (through its agent); one silent for
   `heartbeat_timeout_s` is hung (a frozen process, a hung device) and its agent SIGKILLs it — its
@@ -15,39 +17,58 @@ asks, at every turn of its loop, for the verdicts (`check_alive`) and the member
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 
-from .agent import Agents, WorkerFailed
-from .liveness import Inbox, Liveness
+from ..job import WorkerFailed
+from .agent import Agents
+from .liveness import Inbox, Liveness, agent_beat
+from .protocol import FROM_MEMBER, TO_CONTROLLER, AgentBeat, Dispatch, Kind
+from .transport import Channel, Transport
 
 
 class Processes:
-    """One agent per node (`agent.Agents`), the members' `liveness`, the `inbox` of their messages.
+    """One agent per node (`agent.Agents`), the members' `liveness`, the `inbox` of their messages
+    and the `dispatch` table. `handlers`: the controller's, one per member message kind
+    (`protocol.FROM_MEMBER`); `results`: the controller's inbox channel; `clock`: the liveness clock.
 
     `done`: devices whose member said done; `stopping`: device -> wall-clock time its member stopped
-    (its own `stopping` report, or silent since, for one killed); `killed`: device -> why the
+    (its own `Stopping` report, or silent since, for one killed); `killed`: device -> why the
     controller killed it (heartbeat | node). A spawn clears the device's `stopping` and `killed`.
     """
 
     def __init__(
         self,
-        results,
+        transport: Transport | None,
+        results: Channel,
         liveness: Liveness,
         devices_per_node: int | None,
         timeout_s: float,
         start_timeout_s: float,
+        handlers: Mapping[Kind, Callable],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.liveness, self.start_timeout_s = liveness, start_timeout_s
-        self.agents = Agents(results, devices_per_node, timeout_s, start_timeout_s)
-        self.inbox = Inbox(results, liveness, nodes=self.agents.liveness, track=self.agents.track)
+        self.liveness, self.start_timeout_s, self.clock = liveness, start_timeout_s, clock
+        self.agents = Agents(transport, results, devices_per_node, timeout_s, start_timeout_s)
+        assert set(handlers) == FROM_MEMBER, sorted(k.value for k in handlers)
+        own = {
+            Kind.AGENT: self.on_agent,
+            Kind.SPAWNED: self.agents.on_spawned,
+            Kind.EXITED: self.agents.on_exited,
+        }
+        self.dispatch = Dispatch({**handlers, **own}, TO_CONTROLLER)
+        self.inbox = Inbox(results, self.dispatch)
         self.done: set[int] = set()
         self.stopping: dict[int, float] = {}
         self.killed: dict[int, str] = {}  # device -> why the controller killed it (heartbeat | node)
 
     def spawn(self, dev: int, blob: bytes) -> None:
         self.agents.spawn(dev, blob)
-        self.liveness.spawn(dev, time.monotonic())
+        self.liveness.spawn(dev, self.clock())
         self.stopping.pop(dev, None)
         self.killed.pop(dev, None)
+
+    def on_agent(self, msg: AgentBeat) -> None:
+        agent_beat(msg, self.liveness, self.agents.liveness, self.clock())
 
     def finish(self, dev: int) -> None:
         """The member of `dev` said done."""
@@ -63,7 +84,7 @@ class Processes:
         """Have members silent for longer than the heartbeat timeout killed, and fence the nodes
         whose agent died or went silent (their devices become fail-stops); fail the job when a
         spawned member or agent never sent its first heartbeat."""
-        now, agents, liveness = time.monotonic(), self.agents, self.liveness
+        now, agents, liveness = self.clock(), self.agents, self.liveness
         for d in liveness.hung(now):
             if d in members and d not in self.done and agents.exitcode(d) is None:
                 agents.kill(d)  # SIGKILL works on a stopped process too; its agent reports the exit
@@ -93,7 +114,7 @@ class Processes:
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:
             self.inbox.drain(0.1)
-        errors.update({d: p for k, d, p in self.inbox.pending if k == "error"})
+        errors.update({m.device: m.traceback for m in self.inbox.pending if m.kind is Kind.ERROR})
         code = self.agents.exitcode
         dead = [d for d in sorted(self.agents.code) if d not in self.done and d not in errors and code(d)]
         lines = [f"worker of device {d} died (exit code {code(d)})" for d in dead]

@@ -12,10 +12,10 @@ stragglers; a fault present before the baseline iteration is, by construction, i
 gap). `threshold` is wider than the detector's default because two shared CPU cores make timings
 noisy.
 
-With `calibrate` (a callable `(generation, records) -> Hardware`, the controller's closure over
-`calibrate.calibrate_hardware`), the first baseline iteration the watch takes also calibrates the
-hardware the scheduler policy plans on (`hardware`; None until then): the same healthy reference
-that predicts each instruction's time.
+With `calibrate` (a callable `(generation, records) -> Hardware`; `watch_job`, the controller's
+watch, closes over `calibrate.calibrate_hardware`), the first baseline iteration the watch takes
+also calibrates the hardware the scheduler policy plans on (`hardware`; None until then): the same
+healthy reference that predicts each instruction's time.
 
 `admit` keeps what the controller acts on: each device (link) once per generation, and a compound
 estimate per device (link) — each report's severity is relative to its generation's baseline, so a
@@ -27,9 +27,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from resihp.core.report import FailureReport
+from resihp.core.trace_format import COMPUTE_OPS, LinkRow
 from resihp.detect import LocalizeConfig, Localizer
 
-COMPUTE_OPS = ("F", "B", "W")
+from .calibrate import calibrate_hardware
 
 
 class SlowWatch:
@@ -48,7 +49,7 @@ class SlowWatch:
         self.hardware = None  # calibrate(...) of the first baseline iteration
         self.generation, self.seen = -1, 0  # iterations of the generation observed so far
         self.baseline: dict[int, dict[tuple, float]] = {}
-        self.link_baseline: dict[tuple, float] = {}
+        self.link_baseline: dict[tuple, LinkRow] = {}  # block -> its row in the baseline iteration
         self.speeds: dict[int, float] = {}  # device -> compound speed estimate p
         self.link_factors: dict[tuple[int, int], float] = {}  # (lo, hi) -> compound bandwidth factor f
         self.reported: set[tuple] = set()  # (generation, device) or (generation, (lo, hi))
@@ -61,10 +62,12 @@ class SlowWatch:
             self.localizer.forget()
         self.seen += 1
         times = {
-            r["device"]: {(op, src, mb): t for op, src, mb, t, _ in r["instrs"] if op in COMPUTE_OPS}
+            r["device"]: {
+                (row.op, row.src, row.mb): row.compute_s for row in r["instrs"] if row.op in COMPUTE_OPS
+            }
             for r in records
         }
-        transfers = {tuple(e[:5]): e[6] for r in records for e in r.get("links", ())} if self.links else {}
+        transfers = {row.block: row for r in records for row in r.get("links", ())} if self.links else {}
         if self.seen <= 2:  # the warm-up, then the baseline
             if self.seen == 2:
                 self.baseline, self.link_baseline = times, transfers
@@ -77,12 +80,12 @@ class SlowWatch:
             keys = [k for k in own if base.get(k, 0.0) > 0.0]
             compute[dev] = ([own[k] for k in keys], [base[k] for k in keys])
         links: dict[tuple[int, int], tuple[list, list]] = {}
-        for key, t in transfers.items():
-            base = self.link_baseline.get(key, 0.0)
-            if base > 0.0 and t > 0.0:
-                meas, pred = links.setdefault(key[:2], ([], []))
-                meas.append(t)
-                pred.append(base)
+        for block, row in transfers.items():
+            base = self.link_baseline.get(block)
+            if base is not None and base.transfer_s > 0.0 and row.transfer_s > 0.0:
+                meas, pred = links.setdefault(row.link, ([], []))
+                meas.append(row.transfer_s)
+                pred.append(base.transfer_s)
         self.localizer.observe(it, compute, links)
         return self.localizer.localize(it)
 
@@ -100,6 +103,17 @@ class SlowWatch:
             known[what] = known.get(what, 1.0) * rep.severity
             new.append(rep)
         return new
+
+
+def watch_job(plans: list, job) -> SlowWatch:
+    """The controller's watch of `job` (a `JobSpec`), `plans` its generations' plans (growing): P2P
+    timings count when the link model is on; the first baseline iteration also calibrates the
+    hardware the scheduler policy plans on (`calibrate.calibrate_hardware`)."""
+
+    def fit(generation: int, records: list):
+        return calibrate_hardware(plans[generation], job.workload, records, job.link_mb_per_s)
+
+    return SlowWatch(links=job.link_mb_per_s > 0, calibrate=fit)
 
 
 def slow_event(rep: FailureReport, reason: str) -> dict:

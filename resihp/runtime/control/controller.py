@@ -4,35 +4,35 @@ The controller (the calling process) hosts the `TCPStore` and reads the members'
 process per node (`agent.py`) spawns, watches, kills and reaps that node's member processes
 (`member.py`) on its commands and reports their exits and heartbeats.
 
-* Commit: iteration k of generation g is committed when every plan device of g reported `reached`
-  at its STEP; the controller then writes `decision/{g}/{k}` = `commit` (or `next` when a planned
-  replan starts at k + 1, after publishing `plan/{g+1}`). The committed history holds each
+* Commit: iteration k of generation g is committed when every plan device of g reported `Reached`
+  at its STEP; the controller then writes `decision/{g}/{k}` = `Verdict.COMMIT` (or `NEXT` when a
+  planned replan starts at k + 1, after publishing `plan/{g+1}`). The committed history holds each
   iteration exactly once, with the losses of the generation that committed it.
 * Time-keyed faults (`faults.TimedFaults`): the controller's clock starts when it first writes
   `go` (every member of the first generation is at its rendezvous: process start-up is excluded).
   At the commit of k, time-keyed faults that are due become faults of iteration k + 1 and
-  `duration_s` faults that are over end at k + 1; the controller then writes every resolved fault
-  so far to `faults/{g}/{k}` and says so in the decision (`commit+faults`, `next+faults`). Every
-  plan body and re-joining member's message carries them too.
+  `duration_s` faults that are over end at k + 1; the decision then carries every fault resolved
+  so far (`Decision.faults`). Every generation's body (`protocol.Generation`) carries them too.
 * Liveness (`processes.py`): a member silent for `heartbeat_timeout_s` is killed, a node whose
   agent died or went silent is fenced; either way its devices become fail-stops.
 * Fail-stop: a member process that exited is a `fail-stop` of its device. The controller asks the
   scheduler policy for generation g+1 over the survivors (`recovery.py`: `reconfig.replan_after_stop`,
-  falling back to `shrink_plan`), publishes it, then writes `abort` for the iteration in flight:
+  falling back to `shrink_plan`), publishes it, then writes `ABORT` for the iteration in flight:
   survivors skip its step, join g+1, receive lost shards from a DP peer and re-run it. A member
   that reports a failed collective while no process died, or a member error, ends the job with
   `WorkerFailed` (every child reaped).
 * Join barrier: members of generation g start its gloo rendezvous only once the controller wrote
-  `go/{g}` (every member arrived, alive). A death before that supersedes g (`abort`); a death
+  `go/{g}` (every member arrived, alive). A death before that supersedes g (`Gate.ABORT`); a death
   after it fails the survivors' join (gloo raises, or the short join timeout). Either way the
   next generation is replanned from, and transfers from, the last generation every survivor
-  joined (`liveness.source_generation`) — a rebuild that failed ran nothing and committed nothing.
+  joined (`recovery.source_generation`) — a rebuild that failed ran nothing and committed nothing.
+
+Every message is handled by one method `on_<kind>` through the one dispatch table
+(`Processes.dispatch`, `protocol.Dispatch`): a kind without a handler raises.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import pickle
 import time
 from collections.abc import Callable
 
@@ -42,17 +42,36 @@ from resihp.core.plan import Plan
 from resihp.sched.base import Policy
 from resihp.sched.ours import ResiHP
 
+from ..adapt.reconfig import grow_plan, planning_context, replan_after_slow
+from ..adapt.recovery import close_recovery, mark_noticed, plan_after_stop
+from ..adapt.slowwatch import slow_event, watch_job
+from ..faults import FaultEnd, TimedFaults, end_event
+from ..job import JobSpec
+from ..state.checkpoint import savers, write_meta
+from ..state.transfer import gather_replicas
+from .board import Board
 from .boundaries import Boundaries
-from .calibrate import calibrate_hardware
-from .checkpoint import savers, write_meta
-from .faults import FaultEnd, TimedFaults, end_event
-from .launch import JobSpec, _gather
-from .liveness import HEARTBEAT_TIMEOUT_S, START_TIMEOUT_S, JoinBarrier, Liveness, go_key
-from .member import decision_key, faults_key, plan_key
+from .liveness import HEARTBEAT_TIMEOUT_S, START_TIMEOUT_S, JoinBarrier, Liveness
 from .processes import Processes
-from .reconfig import grow_plan, planning_context, replan_after_slow
-from .recovery import close_recovery, plan_after_stop
-from .slowwatch import SlowWatch, slow_event
+from .protocol import (
+    Abort,
+    Decision,
+    Done,
+    Error,
+    Gate,
+    Generation,
+    Joined,
+    Joining,
+    Kind,
+    MemberArgs,
+    Reached,
+    Record,
+    Saved,
+    State,
+    Stopping,
+    Verdict,
+)
+from .transport import Transport
 
 ABORT_GRACE_S = 5.0  # a reported collective failure with no dead process after this -> WorkerFailed
 DEFAULT_POLICY = ResiHP()  # policies are pure: one instance serves every run
@@ -64,7 +83,7 @@ def launch_elastic(
     *,
     faults=(),
     replans: list[tuple[int, Plan]] | tuple = (),
-    on_commit: Callable[[int, Plan, list[dict]], None] | None = None,
+    on_commit: Callable[[int, Plan, list[Reached]], None] | None = None,
     detect_slow: bool = False,
     policy: Policy | None = DEFAULT_POLICY,
     heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
@@ -74,10 +93,11 @@ def launch_elastic(
     """Run `job` from `plan` (generation 0), switching to each `(iteration, plan)` of `replans` at
     that iteration boundary and recovering from member deaths; returns records, state and events.
 
-    `on_commit(it, plan, payloads)` is called once per committed iteration with each plan device's
-    {"losses", "wall_s"} (device order). The result: {"records": {it: [trace records]}, "state":
-    replica -> full state dict of the final plan (with `job.return_state`), "events", "plans",
-    "pids": every agent and member process}. With `detect_slow`, committed iterations' compute
+    `on_commit(it, plan, reached)` is called once per committed iteration with each plan device's
+    `Reached` message (`losses`, `wall_s`; device order). The result: {"records": {it: [trace
+    records]}, "state": replica -> full state dict of the final plan (with `job.return_state`),
+    "events", "plans", "pids": every agent and member process}. With `detect_slow`, committed
+    iterations' compute
     (and, with `job.link_mb_per_s`, P2P transfer) timings go to `SlowWatch`; its new `fail-slow` /
     `link-slow` reports go to the scheduler `policy` (a `resihp.sched.Policy`;
     `reconfig.replan_after_slow`; None or no usable plan: the `rebalance_slow` rule), whose plan
@@ -100,10 +120,10 @@ def launch_elastic(
 
 class Controller:
     """One run of `launch_elastic`: the controller's state, and one method `on_<kind>` per kind of
-    member message.
+    member message (`handlers`, the member half of the dispatch table).
 
     `gen`, `cur`: the latest published generation and its plan; `it`: the iteration to commit next;
-    `members`: the devices of the live member processes; `reached`: plan device -> its `reached`
+    `members`: the devices of the live member processes; `reached`: plan device -> its `Reached`
     message for `it` in `gen`; `plans`, `bodies`: every generation's plan and published body.
     """
 
@@ -114,7 +134,7 @@ class Controller:
         *,
         faults,
         replans,
-        on_commit: Callable[[int, Plan, list[dict]], None] | None,
+        on_commit: Callable[[int, Plan, list[Reached]], None] | None,
         detect_slow: bool,
         policy: Policy | None,
         heartbeat_timeout_s: float,
@@ -127,31 +147,30 @@ class Controller:
         self.timed = TimedFaults(faults, job.start_iteration, self.end)
         self.due = Boundaries(replans, self.timed.faults, self.end)
         self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        self.results = mp.get_context("spawn").Queue()
+        self.board = Board(self.store)
+        transport = Transport()
+        self.results = transport.channel()
         self.gen, self.cur, self.it = 0, plan, job.start_iteration
-        self.members = members = set(plan.devices()) | set(plan.standby)
-        msg0 = {"generation": 0, "plan": plan, "members": sorted(members), "start": self.it, "source": None}
-        msg0["faults"] = tuple(self.timed.faults)
+        self.members = set(plan.devices()) | set(plan.standby)
+        body0 = Generation(0, plan, tuple(sorted(self.members)), self.it, None, tuple(self.timed.faults))
         self.origin = None  # the fault clock: time.monotonic() when the first `go` was written
         self.records, self.shards, self.events, self.plans = {}, {}, [], [plan]
-        self.reached: dict[int, dict] = {}
-        self.joined: dict[int, list[dict]] = {}  # generation -> its members' `joined` messages
+        self.reached: dict[int, Reached] = {}
+        self.joined: dict[int, list[Joined]] = {}  # generation -> its members' `Joined` messages
         self.recovery: dict | None = None  # the fail-stop not recovered yet (`recovery.close_recovery`)
         self.abort_since = None
         self.finished = False  # the last iteration is committed
-        self.watch = None
-        if detect_slow and job.timing:
-            # the first baseline also calibrates the hardware the policy plans on (calibrate.py)
-            plans = self.plans
-            fit = lambda g, recs: calibrate_hardware(plans[g], job.workload, recs, job.link_mb_per_s)  # noqa: E731
-            self.watch = SlowWatch(links=job.link_mb_per_s > 0, calibrate=fit)
+        self.watch = watch_job(self.plans, job) if detect_slow and job.timing else None
         self.saved: dict[int, set[int]] = {}  # checkpoint iteration -> devices that wrote their shards
         liveness = Liveness(heartbeat_timeout_s, start_timeout_s)
-        self.procs = Processes(self.results, liveness, devices_per_node, heartbeat_timeout_s, start_timeout_s)
+        self.procs = Processes(
+            transport, self.results, liveness, devices_per_node, heartbeat_timeout_s, start_timeout_s,
+            self.handlers(),
+        )  # fmt: skip
         self.barrier = JoinBarrier()
         self.barrier.open(0, self.members)
         self.joined_devs: dict[int, set[int]] = {}  # generation -> members that completed its join
-        self.bodies: dict[int, dict] = {0: msg0}
+        self.bodies: dict[int, Generation] = {0: body0}
         self.aborts: dict[int, str] = {}  # device -> its failed collective, in the current generation
         self.noticed: dict[int, dict[int, str]] = {}  # generation -> device -> how it saw the failure
 
@@ -162,7 +181,7 @@ class Controller:
             for dev in sorted(self.members):
                 self.spawn(dev, self.bodies[0])
             while not (self.finished and self.procs.done >= self.members):
-                kind, dev, payload = self.procs.inbox.get(0.05) or (None, None, None)
+                msg = self.procs.inbox.get(0.05)
                 self.procs.check_alive(self.members)
                 dead = self.procs.dead(self.members)
                 if dead and not self.finished:
@@ -173,21 +192,17 @@ class Controller:
                     why = "reported a failed collective, no process died"
                     self.procs.fail({d: f"{why}: {e}" for d, e in self.aborts.items()})
                 self.release()
-                handler = getattr(self, f"on_{kind}", None)  # (kind None: no message came)
-                if handler is not None:
-                    handler(dev, payload)
+                if msg is not None:
+                    self.procs.dispatch(msg)
             self.procs.close(10.0)  # every member said done: let them exit
         finally:  # (a WorkerFailed carries `agents.pids`: complete once this close read the last reports)
             self.procs.close(0.0)
             self.results.close()
             self.store = None  # shut the TCPStore down with its last reference
-        for g, seen in self.noticed.items():  # the first fail-stop that ended generation g
-            stop = next((e for e in self.events if e["kind"] == "fail-stop" and e["generation"] == g), None)
-            if stop is not None:
-                stop["noticed"] = {d: seen[d] for d in sorted(seen)}
+        mark_noticed(self.events, self.noticed)
         return {
             "records": {k: [v[d] for d in sorted(v)] for k, v in sorted(self.records.items())},
-            "state": _gather(self.cur, self.shards) if self.job.return_state else {},
+            "state": gather_replicas(self.cur, self.shards) if self.job.return_state else {},
             "events": self.events,
             "plans": self.plans,
             "pids": self.procs.agents.pids,
@@ -206,25 +221,24 @@ class Controller:
         self.gen, self.cur = self.gen + 1, new.with_changes(generation=self.gen + 1)
         gen, cur = self.gen, self.cur
         self.plans.append(cur)
-        members = sorted(self.members)
-        body = {"generation": gen, "plan": cur, "members": members, "start": start, "source": source}
-        body["faults"] = tuple(self.timed.faults)  # every resolved fault so far
+        body = Generation(gen, cur, tuple(sorted(self.members)), start, source, tuple(self.timed.faults))
         self.bodies[gen] = body
         self.barrier.open(gen, self.members)
-        self.store.set(plan_key(gen), pickle.dumps(body))
+        self.board.publish(body, gen)
         self.events.append(
             {"iter": start, "kind": "replan", "generation": gen, "devices": cur.devices(), "reason": reason}
         )
 
-    def spawn(self, dev: int, msg: dict) -> None:
-        self.procs.spawn(dev, pickle.dumps((msg, self.job, tuple(self.timed.faults), dev, self.store.port)))
+    def spawn(self, dev: int, body: Generation) -> None:
+        self.procs.spawn(dev, MemberArgs(body, self.job, dev, self.store.port).encode())
         for got in self.joined_devs.values():  # a fresh process holds nothing of earlier generations
             got.discard(dev)
 
     def recover(self) -> None:
         """A member died: publish generation g+1 over the survivors (`recovery.plan_after_stop`), then
-        write `abort` for every generation still before its rendezvous and for the iteration in
-        flight; the recovery measurement starts (or goes on, from a failure not recovered yet)."""
+        write `Gate.ABORT` for every generation still before its rendezvous and `Verdict.ABORT` for
+        the iteration in flight; the recovery measurement starts (or goes on, from a failure not
+        recovered yet)."""
         t_detect = time.time()
         time.sleep(0.1)  # collect the other deaths of one event (two devices stopped at once)
         self.procs.inbox.drain()
@@ -244,8 +258,8 @@ class Controller:
         plan_s = time.perf_counter() - t0
         self.publish(new, self.it, reason, source)
         for g_old in self.barrier.supersede(self.gen):  # generations still before their rendezvous
-            self.store.set(go_key(g_old), "abort")
-        self.store.set(decision_key(self.gen - 1, self.it), "abort")
+            self.board.gate(g_old, Gate.ABORT)
+        self.board.decide(self.gen - 1, self.it, Decision(Verdict.ABORT))
         self.reached, self.abort_since, self.aborts = {}, None, {}
         t_stop = min((self.procs.stopping.get(d, t_detect) for d in dead), default=t_detect)
         first = t_stop if self.recovery is None else min(t_stop, self.recovery["t_stop"])  # not recovered yet
@@ -260,8 +274,8 @@ class Controller:
             and self.barrier.ready(gen)
             and all(exitcode(d) is None for d in self.barrier.expected[gen])
         ):
-            self.store.set(go_key(gen), "go")  # every member of gen is at its rendezvous, alive
-            self.barrier.decide(gen, "go")
+            self.board.gate(gen, Gate.GO)  # every member of gen is at its rendezvous, alive
+            self.barrier.decide(gen, Gate.GO)
             self.origin = time.monotonic() if self.origin is None else self.origin
 
     def commit(self) -> None:
@@ -285,11 +299,9 @@ class Controller:
             self.publish(nxt, it + 1, reason, (gen, cur))
             for d in joiners:
                 self.spawn(d, self.bodies[self.gen])
-        verdict = "commit" if nxt is None else "next"  # of generation `gen`, still
-        if resolved:  # the members read them before they go on
-            self.store.set(faults_key(gen, it), pickle.dumps(tuple(self.timed.faults)))
-            verdict += "+faults"
-        self.store.set(decision_key(gen, it), verdict)
+        verdict = Verdict.COMMIT if nxt is None else Verdict.NEXT  # of generation `gen`, still
+        news = tuple(self.timed.faults) if resolved else None  # the members take them before they go on
+        self.board.decide(gen, it, Decision(verdict, news))
         if self.on_commit is not None:
             self.on_commit(it, cur, [self.reached[d] for d in sorted(self.reached)])
         if self.recovery is not None:
@@ -298,48 +310,64 @@ class Controller:
         self.reached, self.it = {}, it + 1
         if self.it == self.end:
             self.finished = True
-            self.store.set(plan_key(self.gen + 1), pickle.dumps(None))  # standby members: stop
+            self.board.publish(None, self.gen + 1)  # standby members: stop
 
-    def on_error(self, dev: int, payload: str) -> None:
-        self.procs.fail({dev: payload})
+    def handlers(self) -> dict:
+        """The member half of the dispatch table (`Processes.dispatch` adds the agents' reports)."""
+        return {
+            Kind.JOINING: self.on_joining,
+            Kind.JOINED: self.on_joined,
+            Kind.REACHED: self.on_reached,
+            Kind.RECORD: self.on_record,
+            Kind.ABORT: self.on_abort,
+            Kind.ERROR: self.on_error,
+            Kind.STOPPING: self.on_stopping,
+            Kind.SAVED: self.on_saved,
+            Kind.STATE: self.on_state,
+            Kind.DONE: self.on_done,
+        }
 
-    def on_stopping(self, dev: int, payload: dict) -> None:
-        self.procs.stopping[dev] = payload["time"]
+    def on_error(self, msg: Error) -> None:
+        self.procs.fail({msg.device: msg.traceback})
 
-    def on_joining(self, dev: int, payload: dict) -> None:
-        self.barrier.arrive(payload["generation"], dev)
+    def on_stopping(self, msg: Stopping) -> None:
+        self.procs.stopping[msg.device] = msg.time
 
-    def on_abort(self, dev: int, payload: dict) -> None:
-        self.noticed.setdefault(payload["generation"], {})[dev] = payload["error"][:200]
-        if payload["generation"] == self.gen:
-            self.aborts[dev] = payload["error"]
+    def on_joining(self, msg: Joining) -> None:
+        self.barrier.arrive(msg.generation, msg.device)
+
+    def on_abort(self, msg: Abort) -> None:
+        self.noticed.setdefault(msg.generation, {})[msg.device] = msg.error[:200]
+        if msg.generation == self.gen:
+            self.aborts[msg.device] = msg.error
             self.abort_since = self.abort_since or time.monotonic()
 
-    def on_joined(self, dev: int, payload: dict) -> None:
-        g = payload["generation"]
-        self.joined_devs.setdefault(g, set()).add(dev)
+    def on_joined(self, msg: Joined) -> None:
+        g = msg.generation
+        self.joined_devs.setdefault(g, set()).add(msg.device)
         got = self.joined.setdefault(g, [])
-        got.append(payload)
+        got.append(msg)
         if len(got) == len(self.barrier.expected[g]) and g > 0:
-            times = {k: max(p[k] for p in got) for k in ("group_s", "transfer_s")}
+            times = {"group_s": max(m.group_s for m in got), "transfer_s": max(m.transfer_s for m in got)}
             self.events.append({"iter": self.it, "kind": "state-transfer", "generation": g, **times})
 
-    def on_reached(self, dev: int, payload: dict) -> None:
-        if payload["generation"] == self.gen:
-            self.reached[dev] = payload
+    def on_reached(self, msg: Reached) -> None:
+        if msg.generation == self.gen:
+            self.reached[msg.device] = msg
             if set(self.reached) == set(self.cur.devices()):
                 self.commit()
 
-    def on_iter(self, dev: int, payload: dict) -> None:
+    def on_record(self, msg: Record) -> None:
         """A plan device's trace record. With `detect_slow`, each complete iteration goes to the
         `SlowWatch`; its new reports in the current generation go to the scheduler
         (`reconfig.replan_after_slow`), whose plan is due from `it` + 1 (`Boundaries.propose`)."""
-        got = self.records.setdefault(payload["iter"], {})
-        got[dev] = payload
-        g_rec, watch = payload["generation"], self.watch
+        rec = msg.record
+        got = self.records.setdefault(rec["iter"], {})
+        got[msg.device] = rec
+        g_rec, watch = rec["generation"], self.watch
         if watch is None or len(got) != len(self.plans[g_rec].devices()):
             return
-        found = watch.observe(payload["iter"], g_rec, [got[d] for d in sorted(got)])
+        found = watch.observe(rec["iter"], g_rec, [got[d] for d in sorted(got)])
         found = watch.admit(g_rec, found) if g_rec == self.gen else []
         if found:  # the scheduler decides (reconfig.replan_after_slow), from it + 1
             known = (watch.speeds, watch.link_factors)
@@ -349,17 +377,17 @@ class Controller:
             reason = self.due.propose(self.it + 1, new, reason, self.gen)
             self.events.extend(slow_event(r, reason) for r in found)
 
-    def on_saved(self, dev: int, payload: dict) -> None:
+    def on_saved(self, msg: Saved) -> None:
         """A checkpoint is complete once every saver of its plan wrote."""
-        got = self.saved.setdefault(payload["iter"], set())
-        got.add(dev)
-        wrote = self.plans[payload["generation"]]
+        got = self.saved.setdefault(msg.iter, set())
+        got.add(msg.device)
+        wrote = self.plans[msg.generation]
         if got == set(savers(wrote)):
-            path = write_meta(self.job.checkpoint_dir, payload["iter"], wrote)
-            self.events.append({"iter": payload["iter"], "kind": "checkpoint", "path": path})
+            path = write_meta(self.job.checkpoint_dir, msg.iter, wrote)
+            self.events.append({"iter": msg.iter, "kind": "checkpoint", "path": path})
 
-    def on_state(self, dev: int, payload: dict) -> None:
-        self.shards[dev] = payload
+    def on_state(self, msg: State) -> None:
+        self.shards[msg.device] = msg.shards
 
-    def on_done(self, dev: int, payload: None) -> None:
-        self.procs.finish(dev)
+    def on_done(self, msg: Done) -> None:
+        self.procs.finish(msg.device)

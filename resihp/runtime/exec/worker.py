@@ -37,6 +37,7 @@ from resihp.core.plan import Plan
 from resihp.core.program import Instr, compile_plan
 from resihp.core.schedule import get_schedule
 from resihp.core.segments import GradSegment
+from resihp.core.trace_format import COMPUTE_OPS, InstrRow, LinkRow, LossRow
 from resihp.model import (
     build_stage,
     full_shape,
@@ -50,7 +51,8 @@ from resihp.model.loss import microbatch_loss
 from .collectives import CommClock, tp_callables
 from .data import build_microbatch
 from .groups import Groups
-from .reference import build_optimizer
+from .iteration import Hooks, Iteration
+from .optim import build_optimizer
 
 
 def _tag(src: int, mb: int, what: str) -> int:
@@ -58,11 +60,17 @@ def _tag(src: int, mb: int, what: str) -> int:
 
 
 class Worker:
-    """Executes `compile_plan(plan).instructions(device)` once per iteration."""
+    """Executes `compile_plan(plan).instructions(device)` once per iteration (`run_iteration`);
+    holds what lasts across iterations — the stage shard, its optimizer, its groups and hooks —
+    and, while an iteration runs, its `Iteration` (`now`)."""
 
-    def __init__(self, plan: Plan, device: int, groups: Groups, job, init=None) -> None:
-        """`init` (a `transfer.StageInit`): start from transferred full tensors instead of the seed."""
+    def __init__(
+        self, plan: Plan, device: int, groups: Groups, job, init=None, hooks: Hooks | None = None
+    ) -> None:
+        """`init` (a `transfer.StageInit`): start from transferred full tensors instead of the seed;
+        `hooks`: the elastic runtime's (None: inert)."""
         self.plan, self.device, self.groups, self.job = plan, device, groups, job
+        self.hooks = Hooks() if hooks is None else hooks
         self.spec, self.workload = job.spec, job.workload
         self.instrs = compile_plan(plan).instructions(device)
         self.replica, self.stage_index = plan.stage_of(device)
@@ -82,16 +90,11 @@ class Worker:
                         for k, full in zip(("exp_avg", "exp_avg_sq"), init.moments)
                     },
                 }
-        # Hooks of the elastic runtime (runtime/member.py), inert by default: `before_step(it, losses,
-        # wall_s)` runs at STEP before the optimizer (the commit point; raises to abort), `slow` is
-        # the injected speed factor p of compute, `link` maps a peer device to a P2P factor f,
-        # `on_allreduce()` runs once when the gradient reduction begins (a `stop` with phase allreduce).
-        self.before_step = self.on_allreduce = None
-        self.slow, self.link = 1.0, {}
+        self.G = plan.global_microbatches
         self.clock = CommClock(job.timing)
         self.enter, self.reduce = tp_callables(groups.tp_group, self.clock)
         self.split_bw = get_schedule(plan.schedule).split_bw
-        self.is_root = groups.tp_rank == 0
+        self.now: Iteration | None = None
         segments = [seg for ins in self.instrs if ins.op == "ALLREDUCE" for seg in ins.segments]
         full = any(not seg.sharded for seg in segments)
         self._zero_shards = {n: self._zeros(n) for n in self.named} if full else {}
@@ -104,86 +107,81 @@ class Worker:
     # ------------------------------------------------------------------ one iteration
     def run_iteration(self, it: int) -> dict:
         """Run the instruction list for iteration `it`; returns this device's trace record."""
-        plan = self.plan
-        self.G = plan.global_microbatches
-        self.it, self.batch = it, self.workload.pack(it, self.G)
-        self.mbs, self.live, self.acts, self.grads, self.gx = {}, {}, {}, {}, {}
-        self.sends, self.losses, self.transfers = [], [], []
-        self.allreduce_bytes = 0
-        timing = self.clock.enabled
-        records = []
-        self.clock.comm_s = 0.0
-        t_start, cpu_start = time.perf_counter(), time.process_time()
-        self._t_start = t_start
-        for ins in self.instrs:
-            if timing or self.slow < 1.0:
-                t0, c0 = time.perf_counter(), self.clock.comm_s
-            getattr(self, "_" + ins.op)(ins)
-            if self.slow < 1.0 and ins.op in ("F", "B", "W"):  # injected slowdown: t -> t / p
-                t = time.perf_counter() - t0 - (self.clock.comm_s - c0)
-                time.sleep(max(t, 0.0) * (1.0 / self.slow - 1.0))
-            if timing:
-                wall, comm = time.perf_counter() - t0, self.clock.comm_s - c0
-                records.append([ins.op, ins.src, ins.mb, round(wall - comm, 7), round(comm, 7)])
-        wall, cpu = time.perf_counter() - t_start, time.process_time() - cpu_start
+        hooks, clock = self.hooks, self.clock
+        now = self.now = Iteration(it, self.workload.pack(it, self.G), hooks.slow(it), hooks.link(it), 0.0)
+        clock.comm_s = 0.0
+        try:
+            now.t_start, cpu_start = time.perf_counter(), time.process_time()
+            for ins in self.instrs:
+                if clock.enabled or now.slow < 1.0:
+                    t0, c0 = time.perf_counter(), clock.comm_s
+                getattr(self, "_" + ins.op)(ins)
+                if now.slow < 1.0 and ins.op in COMPUTE_OPS:  # injected slowdown: t -> t / p
+                    t = time.perf_counter() - t0 - (clock.comm_s - c0)
+                    time.sleep(max(t, 0.0) * (1.0 / now.slow - 1.0))
+                if clock.enabled:
+                    wall, comm = time.perf_counter() - t0, clock.comm_s - c0
+                    now.rows.append(InstrRow(ins.op, ins.src, ins.mb, round(wall - comm, 7), round(comm, 7)))
+            wall, cpu = time.perf_counter() - now.t_start, time.process_time() - cpu_start
+        finally:
+            self.now = None
         return {
             "iter": it,
-            "generation": plan.generation,
+            "generation": self.plan.generation,
             "device": self.device,
             "replica": self.replica,
             "stage": self.stage_index,
             "tp_rank": self.groups.tp_rank,
             "wall_s": wall,
             "cpu_s": cpu,
-            "compute_s": sum(r[3] for r in records),
-            "comm_s": sum(r[4] for r in records),
-            "instrs": records,
-            "links": self.transfers,
-            "losses": self.losses,
-            "allreduce_bytes": self.allreduce_bytes,
+            "compute_s": sum(r.compute_s for r in now.rows),
+            "comm_s": sum(r.comm_s for r in now.rows),
+            "instrs": now.rows,
+            "links": now.transfers,
+            "losses": now.losses,
+            "allreduce_bytes": now.allreduce_bytes,
         }
 
     def _mb(self, src: int, j: int):
-        key = (src, j)
-        if key not in self.mbs:
+        now, key = self.now, (src, j)
+        if key not in now.mbs:
             k = self.plan.mb_offset(src) + j
-            self.mbs[key] = build_microbatch(self.workload, self.batch, k, self.it)
-        return self.mbs[key]
+            now.mbs[key] = build_microbatch(self.workload, now.batch, k, now.it)
+        return now.mbs[key]
 
     # ------------------------------------------------------------------ primitives
     def _F(self, ins: Instr) -> None:
-        key = (ins.src, ins.mb)
+        now, key = self.now, (ins.src, ins.mb)
         mb = self._mb(*key)
-        x = mb.input_ids if self.model.is_first else self.acts.pop(key).requires_grad_()
+        x = mb.input_ids if self.model.is_first else now.acts.pop(key).requires_grad_()
         out = self.model(x, mb.segment_ids, mb.positions, enter=self.enter, reduce=self.reduce)
         if self.model.is_last:
             out, n = microbatch_loss(out, mb.target_ids, self.G, self.workload.seq_len)
-            if self.is_root:
-                self.losses.append([self.plan.mb_offset(ins.src) + ins.mb, out.item(), n])
-        self.live[key] = [x, out, None]
+            if self.groups.tp_rank == 0:
+                now.losses.append(LossRow(self.plan.mb_offset(ins.src) + ins.mb, out.item(), n))
+        now.live[key] = [x, out, None]
 
     def _B(self, ins: Instr) -> None:
-        key = (ins.src, ins.mb)
-        x, out, _ = entry = self.live[key]
-        g = self.grads.pop(key, None)  # None on the last stage: out is the scalar loss
+        now, key = self.now, (ins.src, ins.mb)
+        x, out, _ = entry = now.live[key]
+        g = now.grads.pop(key, None)  # None on the last stage: out is the scalar loss
         first = self.model.is_first
         if self.split_bw:
             entry[2] = g
             if not first:
-                (self.gx[key],) = torch.autograd.grad(out, [x], g, retain_graph=True)
+                (now.gx[key],) = torch.autograd.grad(out, [x], g, retain_graph=True)
             return
         inputs = self.params if first else [x, *self.params]
         grads = torch.autograd.grad(out, inputs, g, allow_unused=True)
         if not first:
-            self.gx[key], grads = grads[0], grads[1:]
+            now.gx[key], grads = grads[0], grads[1:]
         self._accumulate(grads)
-        del self.live[key]
+        del now.live[key]
 
     def _W(self, ins: Instr) -> None:
         if not self.split_bw:
             return
-        key = (ins.src, ins.mb)
-        _, out, g = self.live.pop(key)
+        _, out, g = self.now.live.pop((ins.src, ins.mb))
         self._accumulate(torch.autograd.grad(out, self.params, g, allow_unused=True))
 
     def _accumulate(self, grads) -> None:
@@ -219,39 +217,39 @@ class Worker:
                         src=self.groups.rank_of(self.replica, self.stage_index, r),
                         group=self.groups.tp_group,
                     )
-        (self.acts if ins.what == "act" else self.grads)[(ins.src, ins.mb)] = buf
+        (self.now.acts if ins.what == "act" else self.now.grads)[(ins.src, ins.mb)] = buf
 
     def _transfer(self, peer: int, ins: Instr, sent: float, posted: float, nbytes: int) -> None:
         """The link model of a received block (docs/runtime.md, "Fault injection"): the transfer
         starts when both ends are ready (`start` = max(send time, recv posted); one clock, as
         `perf_counter` is CLOCK_MONOTONIC, system-wide on Linux) and lasts max(measured, nbytes /
         `job.link_mb_per_s`) / f, f the injected link factor (1 when healthy): the receiver sleeps
-        until then. Records [peer, device, what, src, mb, nbytes, seconds] in `self.transfers`."""
+        until then. Records the block's `LinkRow` in the iteration's `transfers`."""
         start = max(sent, posted)
         bw = self.job.link_mb_per_s * 1e6
         wire = max(time.perf_counter() - start, nbytes / bw if bw > 0 else 0.0)
-        wire /= self.link.get(peer, 1.0)
+        wire /= self.now.link.get(peer, 1.0)
         delay = start + wire - time.perf_counter()
         if delay > 0.0:
             time.sleep(delay)
         if self.clock.enabled:
             took = round(time.perf_counter() - start, 7)
-            self.transfers.append([peer, self.device, ins.what, ins.src, ins.mb, nbytes, took])
+            self.now.transfers.append(LinkRow(peer, self.device, ins.what, ins.src, ins.mb, nbytes, took))
 
     def _SEND(self, ins: Instr) -> None:
-        key = (ins.src, ins.mb)
-        t = self.live[key][1] if ins.what == "act" else self.gx.pop(key)
+        now, key = self.now, (ins.src, ins.mb)
+        t = now.live[key][1] if ins.what == "act" else now.gx.pop(key)
         n, rank = self._links(ins.peer), self.groups.tp_rank
         if rank >= n:
             return
         block = torch.tensor_split(t.detach(), n)[rank]  # (N/n, h)
         with self.clock.comm():
-            now = time.perf_counter()
-            hi = float(torch.tensor(now, dtype=torch.float32))  # the send time, exact in two fp32
-            msg = torch.cat([block.reshape(-1), torch.tensor([hi, now - hi])])  # (N/n·h + 2,)
+            sent = time.perf_counter()
+            hi = float(torch.tensor(sent, dtype=torch.float32))  # the send time, exact in two fp32
+            msg = torch.cat([block.reshape(-1), torch.tensor([hi, sent - hi])])  # (N/n·h + 2,)
             dst = self.groups.rank_of(*ins.peer, rank)
             work = dist.isend(msg, dst=dst, tag=_tag(ins.src, ins.mb, ins.what))
-        self.sends.append((work, msg))
+        now.sends.append((work, msg))
 
     def _segment_names(self, seg: GradSegment) -> list[str]:
         names = ["embed.weight"] if seg.with_embedding else []
@@ -262,13 +260,15 @@ class Worker:
         return names
 
     def _ALLREDUCE(self, ins: Instr) -> None:
+        now = self.now
         with self.clock.comm():  # sends still in flight count as communication of this step
-            for work, _ in self.sends:
+            for work, _ in now.sends:
                 work.wait()
-        self.sends.clear()
-        if self.on_allreduce is not None:
-            hook, self.on_allreduce = self.on_allreduce, None
-            hook()
+        now.sends.clear()
+        if not now.reducing:
+            now.reducing = True
+            if self.hooks.on_allreduce is not None:
+                self.hooks.on_allreduce(now.it)
         for seg in ins.segments:
             names = self._segment_names(seg)
             for n in names:  # a replica without micro-batches still steps (with zero gradients)
@@ -296,7 +296,7 @@ class Worker:
         flat = torch.cat([g.reshape(-1) for g in grads.values()])
         with self.clock.comm():
             dist.all_reduce(flat, group=group)
-        self.allreduce_bytes += flat.numel() * flat.element_size()
+        self.now.allreduce_bytes += flat.numel() * flat.element_size()
         offset = 0
         for g in grads.values():
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
@@ -315,7 +315,7 @@ class Worker:
         if group is not None:
             with self.clock.comm():
                 dist.all_reduce(flat, group=group)
-            self.allreduce_bytes += flat.numel() * flat.element_size()
+            self.now.allreduce_bytes += flat.numel() * flat.element_size()
         offset = 0
         for n in names:
             shape = full_shape(self.spec, n)
@@ -325,8 +325,9 @@ class Worker:
             self.named[n].grad = slice_tensor(self.spec, n, full, st.tp_split, st.ffn_split, rank)
 
     def _STEP(self, ins: Instr) -> None:
-        if self.before_step is not None:
-            self.before_step(self.it, self.losses, time.perf_counter() - self._t_start)
+        now = self.now
+        if self.hooks.before_step is not None:
+            self.hooks.before_step(now.it, now.losses, time.perf_counter() - now.t_start)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
 

@@ -44,15 +44,20 @@ class CommClock:
             self.comm_s += time.perf_counter() - t0
 
 
-def tp_callables(group, clock: CommClock) -> tuple[Callable, Callable]:
-    """(enter, reduce) for a TP group; identities when `group` is None (tp == 1)."""
+def tp_callables(
+    group, clock: CommClock, all_reduce: Callable[..., object] = dist.all_reduce
+) -> tuple[Callable, Callable]:
+    """(enter, reduce) for a TP group; identities when `group` is None (tp == 1).
+
+    `all_reduce(tensor, group=group)` sums `tensor` in place over the group: torch.distributed's by
+    default; the tests pass an in-process one (TP ranks as threads)."""
     if group is None:
         return identity, identity
 
-    def all_reduce(t: torch.Tensor) -> torch.Tensor:
+    def summed(t: torch.Tensor) -> torch.Tensor:
         t = t.contiguous().clone()
         with clock.comm():
-            dist.all_reduce(t, group=group)
+            all_reduce(t, group=group)
         return t
 
     class Enter(torch.autograd.Function):
@@ -62,12 +67,12 @@ def tp_callables(group, clock: CommClock) -> tuple[Callable, Callable]:
 
         @staticmethod
         def backward(ctx, grad):
-            return all_reduce(grad)
+            return summed(grad)
 
     class Reduce(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
-            return all_reduce(x)
+            return summed(x)
 
         @staticmethod
         def backward(ctx, grad):

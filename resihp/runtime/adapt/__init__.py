@@ -1,0 +1,1 @@
+"""Adaptation: live fail-slow detection, calibration, and the replans the scheduler policy decides."""

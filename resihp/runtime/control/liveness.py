@@ -1,0 +1,161 @@
+"""Liveness of the elastic runtime's members: heartbeats and the join barrier.
+
+Torch-free; the controller (`controller.py`, `processes.py`) judges, members and agents beat.
+
+* Heartbeats: every member process sends a `Heartbeat` on its node agent's channel every
+  `HEARTBEAT_S` from a daemon thread (`HeartbeatThread`). Gloo and store waits release the GIL, so
+  a member blocked in a collective still beats; only a dead or frozen process (SIGSTOP, a hung
+  device) goes silent. The agent (`agent.py`) forwards its members' last beats with its own beat,
+  an `AgentBeat`, every `HEARTBEAT_S`. The controller reads its channel through an `Inbox`, which
+  takes every message that has arrived before handing one out and applies the agents' reports at
+  once (`agent_beat` feeds a `Liveness` for the members and one for the agents): silence is judged
+  on current data even right after the controller itself was busy (a replan, a checkpoint). A
+  member silent for `timeout_s` after its first beat is *hung* (its agent SIGKILLs it on the
+  controller's command, and its death is a fail-stop); one with no first beat `start_timeout_s`
+  after its spawn never started (the job fails). A silent agent is a dead node.
+* `JoinBarrier`: a member reports `Joining` generation g and waits on the store key `go/{g}`
+  before any gloo call of g. The controller writes `Gate.GO` once every member of g has arrived
+  (and lives), or `Gate.ABORT` when g is superseded first (a member died): a death before `go`
+  never reaches gloo, and after `go` every member is already at the rendezvous, so its timeout can
+  be short (`member.JOIN_TIMEOUT_S`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from .protocol import FROM_AGENT, AgentBeat, Gate, Heartbeat
+
+HEARTBEAT_S = 0.25  # a member's heartbeat period
+HEARTBEAT_TIMEOUT_S = 3.0  # default `run.heartbeat_timeout_s`: silence after which a member is hung
+# allowed `run.heartbeat_timeout_s`: from 4 periods (shorter kills healthy members of a busy machine)
+# to well under the gloo timeout (`member.PG_TIMEOUT_S`, 120 s), which heartbeats must beat
+HEARTBEAT_TIMEOUT_RANGE_S = (1.0, 60.0)
+START_TIMEOUT_S = 60.0  # a spawned member's first heartbeat must come within this (workers import torch)
+
+
+class Liveness:
+    """Last heartbeat per member (controller clock); who is hung, who never started."""
+
+    def __init__(self, timeout_s: float = HEARTBEAT_TIMEOUT_S, start_timeout_s: float = START_TIMEOUT_S):
+        self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
+        self.spawned: dict[int, float] = {}  # device -> when its (current) process was started
+        self.last: dict[int, float] = {}  # device -> when its last heartbeat arrived
+
+    def spawn(self, device: int, now: float) -> None:
+        self.spawned[device] = now
+        self.last.pop(device, None)
+
+    def beat(self, device: int, now: float) -> None:
+        if device in self.spawned:  # a forgotten (dead, done) member's last beats are ignored
+            self.last[device] = now
+
+    def forget(self, device: int) -> None:
+        self.spawned.pop(device, None)
+        self.last.pop(device, None)
+
+    def hung(self, now: float) -> list[int]:
+        """Members that have beaten and then stayed silent for more than `timeout_s`."""
+        return sorted(d for d, t in self.last.items() if now - t > self.timeout_s)
+
+    def unstarted(self, now: float) -> list[int]:
+        """Members with no heartbeat yet, `start_timeout_s` after their spawn."""
+        return sorted(
+            d for d, t in self.spawned.items() if d not in self.last and now - t > self.start_timeout_s
+        )
+
+
+def agent_beat(msg: AgentBeat, members: Liveness, nodes: Liveness, now: float) -> None:
+    """Apply an agent's beat received at `now`: its node beats now, each device as of `now - age`,
+    its beat's age on the agent's clock (`msg.time - t`): no clock offset between machines enters."""
+    nodes.beat(msg.node, now)
+    for dev, t in msg.beats.items():
+        members.beat(dev, now - (msg.time - t))
+
+
+class HeartbeatThread:
+    """A daemon thread that sends `Heartbeat(device, time, pid)` on the agent's channel `beats`
+    every `period_s` until `stop`."""
+
+    def __init__(self, device: int, beats, period_s: float = HEARTBEAT_S) -> None:
+        self.beats, self.quiet = beats, threading.Event()
+
+        def beat() -> None:
+            while not self.quiet.is_set():
+                try:
+                    beats.send(Heartbeat(device, time.time(), os.getpid()))
+                except (ValueError, OSError):  # closed
+                    return
+                self.quiet.wait(period_s)
+
+        self.thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Silence the thread and flush the channel: a process that then exits or freezes holds no
+        lock of the agent's channel (killed or frozen mid-write, it would silence its whole node)."""
+        self.quiet.set()
+        self.thread.join(1.0)
+        self.beats.flush()
+
+
+class Inbox:
+    """The controller's channel, the agents' reports applied on arrival.
+
+    `get` first takes every message that has arrived (`drain`): the agents' reports
+    (`protocol.FROM_AGENT`: beats, spawns, exits) go to `dispatch` at once, so that the heartbeat
+    times and the process table are current whenever the controller checks; it then hands out the
+    oldest member message (or None), which the controller dispatches in turn.
+    """
+
+    def __init__(self, channel, dispatch: Callable[[object], None]) -> None:
+        self.channel, self.dispatch = channel, dispatch
+        self.pending: deque = deque()
+
+    def drain(self, timeout_s: float = 0.0) -> None:
+        """Take every message that has arrived, waiting up to `timeout_s` for the first one."""
+        msg = self.channel.recv(timeout_s)
+        while msg is not None:
+            if msg.kind in FROM_AGENT:
+                self.dispatch(msg)
+            else:
+                self.pending.append(msg)
+            msg = self.channel.recv()
+
+    def get(self, timeout_s: float):
+        self.drain(0.0 if self.pending else timeout_s)
+        return self.pending.popleft() if self.pending else None
+
+
+class JoinBarrier:
+    """Per generation: the members expected to join, those that reported `joining`, the verdict."""
+
+    def __init__(self) -> None:
+        self.expected: dict[int, set[int]] = {}
+        self.arrived: dict[int, set[int]] = {}
+        self.verdict: dict[int, Gate] = {}
+
+    def open(self, generation: int, members) -> None:
+        self.expected[generation] = set(members)
+        self.arrived.setdefault(generation, set())
+
+    def arrive(self, generation: int, device: int) -> None:
+        self.arrived.setdefault(generation, set()).add(device)
+
+    def ready(self, generation: int) -> bool:
+        """Every expected member arrived and no verdict was given yet: time to write `go`."""
+        return generation not in self.verdict and self.arrived[generation] >= self.expected[generation]
+
+    def decide(self, generation: int, verdict: Gate) -> None:
+        self.verdict[generation] = verdict
+
+    def supersede(self, generation: int) -> list[int]:
+        """Generations before `generation` still without a verdict, now marked `Gate.ABORT`."""
+        out = sorted(g for g in self.expected if g < generation and g not in self.verdict)
+        for g in out:
+            self.verdict[g] = Gate.ABORT
+        return out

@@ -1,0 +1,298 @@
+"""Worker side of the elastic runtime: generations, the commit protocol, abort, state transfer.
+
+A member process loops over Plan generations. For generation g it joins the gloo world of the
+generation's members (plan devices and standby workers, ranked in ascending id) through
+`PrefixStore(f"gen{g}", store)`, builds its groups, receives its state (`transfer`), and runs
+iterations. At STEP of iteration k it reports `Reached` (with its losses) and blocks on the
+controller's `Decision` under `decision/{g}/{k}` in the store (`board.Board`):
+
+* `Verdict.COMMIT`: apply the optimizer step, go on with k + 1;
+* `Verdict.NEXT`: apply the step, then leave g for the generation published as `plan/{g+1}`;
+* `Verdict.ABORT`: a member died; skip the step (the state stays the one committed at k − 1) and
+  join g+1.
+
+A decision that carries faults (`Decision.faults`: the controller resolved time-keyed faults or
+fault ends at this commit, `faults.TimedFaults`) replaces the member's faults before it goes on;
+every generation's body (`protocol.Generation`) carries them too.
+
+Joining g: the member reports `Joining` and waits on the store key `go/{g}` (`liveness.JoinBarrier`):
+the controller writes `Gate.GO` once every member of g arrived, or `Gate.ABORT` when a member died
+first, so a death between generations never reaches gloo. After `go` the rendezvous and group
+building run with a short timeout (`JOIN_TIMEOUT_S`); a join that fails there or in the state
+transfer (a peer died or hung during the rebuild: gloo raises, at once for a closed socket) is torn
+down like a generation, reported as `Abort`, and the member waits for g+1. A member keeps the state
+it held when it left each generation it joined (`held`), so g+1 can transfer from the last
+generation every survivor joined (the body's `source`), even when g itself never ran an iteration.
+
+A member is spawned by its node's agent (`agent.py`) and exits when that agent is gone. It beats: a
+daemon thread sends a `Heartbeat` on the agent's channel every `HEARTBEAT_S`
+(`liveness.HeartbeatThread`), whatever the main thread waits for, and the agent forwards the beats
+to the controller; a frozen process goes silent and the controller has its agent kill it
+(`liveness.Liveness`). Every other message goes straight to the controller's channel.
+
+A collective that fails because a peer died raises RuntimeError; the member reports `Abort` and
+leaves at once. Leaving drops every reference to the generation's process groups and destroys
+them, which closes their sockets, so peers blocked on *this* member fail in turn — the failure
+cascades through the world in milliseconds instead of waiting for gloo's timeout. A standby member
+(in the world, not in the plan) only serves/receives state and waits for the next generation.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ..exec.groups import build_groups
+from ..exec.iteration import Hooks
+from ..exec.worker import Worker
+from ..faults import faults_at, join_stop
+from ..state.checkpoint import load_init, save_shard
+from ..state.snapshot import exchange, holders
+from ..state.transfer import holding_of, transfer
+from .board import PG_TIMEOUT_S, Board
+from .liveness import HeartbeatThread
+from .pids import watch
+from .protocol import (
+    Abort,
+    Done,
+    Error,
+    Gate,
+    Generation,
+    Joined,
+    Joining,
+    MemberArgs,
+    Reached,
+    Record,
+    Saved,
+    State,
+    Stopping,
+    Verdict,
+)
+from .transport import Channel
+
+JOIN_TIMEOUT_S = 10.0  # rendezvous + group building of a generation, once every member is at `go`
+
+
+class Aborted(Exception):
+    """The controller aborted the iteration in flight."""
+
+
+def member_main(blob: bytes, beats: Channel, results: Channel, agent: int) -> None:
+    """Process entry point (spawned by the agent process `agent`); `blob`: its `MemberArgs`.
+    `beats`: the agent's heartbeat channel; `results`: the controller's."""
+    args = MemberArgs.decode(blob)
+    watch(agent, lambda: os._exit(3))  # a dead agent (a dead node) takes its members down
+    # The modules preloaded by the forkserver (torch, ...) are millions of objects: a full
+    # collection over them holds the GIL for 0.1-1 s, which silences the heartbeat thread; frozen,
+    # they are never scanned, and `gc.collect()` at a generation change takes milliseconds.
+    gc.freeze()
+    heart = HeartbeatThread(args.device, beats)
+
+    def body() -> None:
+        torch.set_num_threads(1)
+        timeout = timedelta(seconds=PG_TIMEOUT_S)
+        store = dist.TCPStore("127.0.0.1", args.port, is_master=False, timeout=timeout)
+        _run(args.generation, args.job, args.device, store, results, heart)
+
+    exit_after(args.device, results, body, heart.stop)
+
+
+def exit_after(device: int, results: Channel, body, before_exit: Callable[[], None] | None = None) -> None:
+    """Run a worker process's `body()`, report an exception to the controller with its traceback,
+    call `before_exit` (the heartbeat's stop), flush the result channel and exit without interpreter
+    teardown (torch's takes seconds)."""
+    try:
+        body()
+        code = 0
+    except BaseException:
+        results.send(Error(device, traceback.format_exc()))
+        code = 1
+    if before_exit is not None:
+        before_exit()
+    results.flush()
+    os._exit(code)
+
+
+def _teardown() -> None:
+    """Destroy this generation's default group (the caller dropped every reference to its groups,
+    so their sockets close now and peers still blocked on this member fail at once)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    gc.collect()
+
+
+def _run(gen: Generation | None, job, device: int, store, results: Channel, heart: HeartbeatThread) -> None:
+    board = Board(store)
+    end = job.start_iteration + job.iterations
+    # generation -> (Holding or None, snapshots): the committed state this member left it with
+    held: dict[int, tuple] = {}
+    teardown_s = 0.0  # leaving the previous generation: holding copy, group destruction
+    faults = list(gen.faults)  # every fault resolved so far (iteration-keyed), updated in place
+    while gen is not None:
+        g, plan, it = gen.generation, gen.plan, gen.start
+        faults[:] = gen.faults
+        source = gen.source  # (generation, plan) whose held state g starts from; None: seed/checkpoint
+        for k in [k for k in held if source is None or k < source[0]]:
+            del held[k]  # never a transfer source again (`recovery.source_generation` is monotone)
+        results.send(Joining(device, g))
+        if board.wait_gate(g) is Gate.ABORT:  # superseded before its rendezvous
+            gen = board.generation(g + 1)
+            continue
+        ranks = {d: r for r, d in enumerate(sorted(gen.members))}
+        worker = groups = init = None
+        snaps: dict = {}  # snapshot.py: the committed shards this device keeps for its buddies
+        failed = None
+        t0 = time.perf_counter()
+        try:
+            short = timedelta(seconds=JOIN_TIMEOUT_S)
+            dist.init_process_group(
+                "gloo",
+                store=dist.PrefixStore(f"gen{g}", store),
+                rank=ranks[device],
+                world_size=len(ranks),
+                timeout=short,
+            )
+            groups = build_groups(plan, device, ranks, timeout=short)
+            stop = join_stop(faults, device, it)
+            if stop is not None:  # the injected death (or hang) during a rebuild
+                fail_now(stop, device, it, results, heart)
+            t1 = time.perf_counter()
+            steps = it if job.resume else it - job.start_iteration  # committed optimizer steps
+            if source is not None:
+                holding, old_snaps = held.get(source[0], (None, {}))
+                hold = holders(source[1]) if job.snapshots else None
+                init = transfer(source[1], holding, plan, device, ranks, steps, old_snaps, hold)
+            elif job.resume:  # a whole-job restart: state from the checkpoint
+                init = load_init(job.resume, plan, device)
+            t2 = time.perf_counter()
+            commits = Commits(g, device, faults, board, results, heart)
+            worker = None
+            if plan.stage_of(device) is not None:
+                worker = Worker(plan, device, groups, job, init, commits.hooks())
+            if worker is not None and job.snapshots:
+                snaps.update(exchange(plan, device, ranks, holding_of(worker)))
+            long = timedelta(seconds=PG_TIMEOUT_S)  # heartbeats, not this, catch a hung peer
+            dist.distributed_c10d._set_pg_timeout(long)
+            groups.set_timeout(long)
+        except RuntimeError as e:  # a peer died or hung during the rebuild (gloo raised or timed out)
+            failed = f"join: {type(e).__name__}: {e}"[:300]
+        if failed is not None:  # outside the except block: its traceback holds the groups too
+            worker = groups = init = None
+            _teardown()
+            results.send(Abort(device, g, it, failed))
+            gen = board.generation(g + 1)
+            continue
+        init = None
+        results.send(Joined(device, g, teardown_s, t1 - t0, t2 - t1, time.perf_counter() - t2))
+        leave = "standby" if worker is None else _iterate(worker, commits, it, end, ranks, snaps)
+        t_left = time.perf_counter()
+        if leave != "end":  # a standby member holds nothing but still takes part in the next transfer
+            held[g] = (None if worker is None else holding_of(worker), snaps)
+        elif job.return_state:
+            results.send(State(device, worker.state_numpy()))
+        # Drop every reference to this generation's groups before destroying them: the sockets
+        # close, and peers still blocked on this member fail at once (the abort cascade).
+        worker = groups = None
+        _teardown()
+        teardown_s = time.perf_counter() - t_left
+        if leave == "end":
+            break
+        gen = board.generation(g + 1)
+    results.send(Done(device))
+
+
+def fail_now(fault, device: int, it: int, results: Channel, heart: HeartbeatThread | None = None) -> None:
+    """Carry out an injected `stop`: say when (for the recovery measurement), then exit hard like a
+    crashed process, or, with `hang`, freeze (SIGSTOP: alive but silent, like a hung device).
+    `heart` is stopped first: frozen mid-write, a process would keep a queue's cross-process write
+    lock and silence every member of its node."""
+    results.send(Stopping(device, it, time.time(), fault.hang))
+    if heart is not None:
+        heart.stop()
+    if fault.hang:
+        time.sleep(0.2)  # let the channel's feeder thread deliver the message first
+        os.kill(os.getpid(), signal.SIGSTOP)
+    results.flush()
+    os._exit(1)
+
+
+class Commits:
+    """The member's side of generation g's commit protocol and fault injection, as the worker's
+    `Hooks`: at STEP it reports `Reached` and takes the controller's `Decision` (`verdict`, read by
+    `_iterate`; faults a commit resolved replace `faults`, shared with `_run`); compute and P2P are
+    slowed by the faults of the iteration; a `stop` with phase allreduce fires on entering the
+    gradient reduction."""
+
+    def __init__(self, g: int, device: int, faults: list, board: Board, results: Channel, heart=None):
+        self.g, self.device, self.faults, self.board, self.results, self.heart = (
+            g, device, faults, board, results, heart,
+        )  # fmt: skip
+        self.verdict: Verdict | None = None
+
+    def hooks(self) -> Hooks:
+        return Hooks(self.before_step, self.on_allreduce, self.slow, self.link)
+
+    def before_step(self, k: int, losses: list, wall_s: float) -> None:
+        self.results.send(Reached(self.device, self.g, k, tuple(losses), wall_s))
+        decided = self.board.decision(self.g, k)
+        if decided.verdict is Verdict.ABORT:
+            raise Aborted(f"iteration {k} aborted by the controller")
+        if decided.faults is not None:  # time-keyed faults or fault ends resolved at this commit
+            self.faults[:] = decided.faults
+        self.verdict = decided.verdict
+
+    def on_allreduce(self, k: int) -> None:
+        stop = faults_at(self.faults, self.device, k)[0]  # (one with phase start never got here)
+        if stop is not None:
+            fail_now(stop, self.device, k, self.results, self.heart)
+
+    def slow(self, k: int) -> float:
+        return faults_at(self.faults, self.device, k)[1]
+
+    def link(self, k: int) -> dict[int, float]:
+        return faults_at(self.faults, self.device, k)[2]
+
+
+def _iterate(worker: Worker, commits: Commits, it: int, end: int, ranks, snaps: dict) -> str:
+    """Run and commit iterations from `it`; returns why the generation ends: next | abort | end.
+    With `job.snapshots`, `snaps` is refreshed after every committed step (`snapshot.exchange`)."""
+    device, g, results, heart = worker.device, commits.g, commits.results, commits.heart
+    while it < end:
+        stop = faults_at(commits.faults, device, it)[0]
+        if stop is not None and stop.phase == "start":
+            fail_now(stop, device, it, results, heart)
+        failed = None
+        try:
+            record = worker.run_iteration(it)
+        except (RuntimeError, Aborted) as e:  # a peer died (gloo raises) or the controller aborted
+            failed = f"{type(e).__name__}: {e}"[:300]
+        if failed is not None:
+            worker.opt.zero_grad(set_to_none=True)
+            results.send(Abort(device, g, it, failed))
+            return "abort"
+        results.send(Record(device, record))
+        it += 1
+        every = worker.job.checkpoint_every
+        if every and it % every == 0:  # the step of iteration it - 1 is committed: save it
+            if save_shard(worker.job.checkpoint_dir, it, worker.plan, device, holding_of(worker)):
+                results.send(Saved(device, g, it))
+        if worker.job.snapshots:
+            try:
+                fresh = exchange(worker.plan, device, ranks, holding_of(worker))
+            except RuntimeError as e:  # a peer died: never keep a stale snapshot as if current
+                snaps.clear()
+                results.send(Abort(device, g, it, f"snapshot: {e}"[:300]))
+                return "abort"
+            snaps.clear()
+            snaps.update(fresh)
+        if commits.verdict is Verdict.NEXT:
+            return "next"
+    return "end"

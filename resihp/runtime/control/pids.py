@@ -1,0 +1,49 @@
+"""Local process helpers of the control plane (torch-free, Linux): is a pid running, watch one, kill one.
+
+A member watches its agent and an agent its controller (`watch`), so that no process outlives the
+one that started it; `alive` is the tests' orphan check.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+WATCH_S = 0.2  # a member checks that its agent runs, an agent that its controller runs, this often
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` runs (exists and is not a zombie); Linux `/proc`."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def alive(pids: list[int]) -> list[int]:
+    """The subset of `pids` still running (not exited, not zombie); tests assert it is empty."""
+    return [pid for pid in pids if running(pid)]
+
+
+def watch(pid: int, on_gone, period_s: float = WATCH_S) -> None:
+    """Call `on_gone()` (it ends this process) from a daemon thread once `pid` no longer runs, even
+    when it was SIGKILLed: a member watches its agent, an agent its controller."""
+
+    def loop() -> None:
+        while running(pid):
+            time.sleep(period_s)
+        on_gone()
+
+    threading.Thread(target=loop, name=f"watch-{pid}", daemon=True).start()
+
+
+def kill(pid: int) -> None:
+    """SIGKILL `pid` if it still exists."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
