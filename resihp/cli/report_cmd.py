@@ -17,6 +17,7 @@ import json
 from collections import Counter
 
 from resihp.core.files import check_input, check_outputs
+from resihp.core.run_events import describe, device_count, layout, plans_by_generation
 
 from .common import table, write_json
 
@@ -24,7 +25,6 @@ NUMBER = (int, float)
 ROW_KEYS = {"iter": int, "loss": NUMBER, "time_s": NUMBER, "samples": int, "generation": int}
 EVENT_KEYS = {"iter": int, "kind": str}
 _TYPE_NAMES = {int: "an integer", NUMBER: "a number", str: "a string"}
-RECOVERY_PARTS = ("detect_s", "plan_s", "teardown_s", "group_s", "transfer_s", "build_s")
 WHAT = "run file"
 FAULT_EVENTS = ("fail-stop", "fail-slow", "link-slow", "rejoin")
 
@@ -66,80 +66,10 @@ def load_run(path: str) -> dict:
     return run
 
 
-def layout(plan: dict) -> str:
-    """One line per Plan: `r0s0 [0, 1] L0-1 heads [4, 4]; ...` (standby devices at the end)."""
-    parts = [
-        f"r{d}s{i} {st['devices']} L{st['layers'][0]}-{st['layers'][1] - 1} heads {st['tp_split']}"
-        for d, stages in enumerate(plan["replicas"])
-        for i, st in enumerate(stages)
-    ]
-    if plan.get("standby"):
-        parts.append(f"standby {plan['standby']}")
-    return "; ".join(parts)
-
-
-def _plans(run: dict) -> dict[int, dict]:
-    plans = {p.get("generation", g): p for g, p in enumerate(run.get("plans") or [])}
-    if not plans and isinstance(run.get("plan"), dict):
-        plans[0] = run["plan"]
-    return plans
-
-
-def _devices(plan: dict) -> int:
-    return sum(len(st["devices"]) for stages in plan["replicas"] for st in stages)
-
-
-def describe(ev: dict, plans: dict[int, dict] | None = None) -> str:
-    """What one event did, in words; a replan names the stages that changed when `plans` (by
-    generation) has its plan and the one before."""
-    kind, where = ev["kind"], ev.get("link") or ev.get("devices")
-    changes = ""
-    g = ev.get("generation")
-    if kind == "replan" and plans and isinstance(g, int) and g in plans and g - 1 in plans:
-        before = set(layout(plans[g - 1]).split("; "))
-        changes = "; ".join(p for p in layout(plans[g]).split("; ") if p not in before)
-    if kind.startswith("inject-"):
-        fault = kind.removeprefix("inject-")
-        text = f"injected {fault} of {where}"
-        if ev.get("severity") is not None:
-            text += f" at {ev['severity']:g}x"
-        if ev.get("duration_s") is not None:
-            text += f" for {ev['duration_s']:g} s"
-        if ev.get("phase") or ev.get("hang"):
-            text += f" (phase {ev.get('phase', 'start')}{', hang' if ev.get('hang') else ''})"
-        return text
-    if kind == "fail-stop":
-        text = f"device {where} died ({ev.get('cause', '?')})"
-        rec = ev.get("recovery")
-        if rec:
-            parts = ", ".join(f"{k.removesuffix('_s')} {rec[k]:.2f}" for k in RECOVERY_PARTS if k in rec)
-            return f"{text}; recovered in {rec['kill_to_commit_s']:.2f} s ({parts})"
-        return f"{text}; not recovered"
-    if kind in ("fail-slow", "link-slow"):
-        return f"{where} detected slow at {ev.get('severity', 0):.2f}x -> {ev.get('reason', '?')}"
-    if kind == "replan":
-        n = len(ev.get("devices", []))
-        text = f"generation {ev.get('generation')} on {n} devices ({ev.get('reason', '?')})"
-        return f"{text}: {changes}" if changes else text
-    if kind == "state-transfer":
-        g, group_s, transfer_s = ev.get("generation"), ev.get("group_s", 0), ev.get("transfer_s", 0)
-        return f"generation {g}: groups {group_s:.3f} s, transfer {transfer_s:.3f} s"
-    if kind == "rejoin":
-        return f"device {where} re-joined"
-    if kind == "fault-end":
-        return f"the {ev.get('fault')} fault of {where} ended after {ev.get('lasted_s', 0):.1f} s"
-    if kind == "checkpoint":
-        return f"checkpoint {ev.get('path')}"
-    if kind == "snapshot-restore":
-        return f"state of lost devices {ev.get('lost')} restored from snapshots on {where}"
-    rest = {k: v for k, v in ev.items() if k not in ("iter", "kind")}
-    return ", ".join(f"{k} {v}" for k, v in rest.items()) or "-"
-
-
 def summarize(run: dict) -> dict:
     """The report of a checked run JSON (`load_run`), as JSON-ready data."""
     rows = run["iterations"]
-    plans = _plans(run)
+    plans = plans_by_generation(run)
     gens: dict[int, list[dict]] = {}
     for r in rows:
         gens.setdefault(r["generation"], []).append(r)
@@ -149,7 +79,7 @@ def summarize(run: dict) -> dict:
         rate = sum(r["samples"] for r in steady) / max(sum(r["time_s"] for r in steady), 1e-9)
         generations.append({
             "generation": g, "first_iter": rs[0]["iter"], "last_iter": rs[-1]["iter"], "iterations": len(rs),
-            "devices": _devices(plans[g]) if g in plans else None,
+            "devices": device_count(plans[g]) if g in plans else None,
             "samples_per_s": round(rate, 3),
         })  # fmt: skip
     recoveries = [

@@ -1,12 +1,21 @@
 """`resihp train [--config FILE] [--faults FILE] [--resume DIR] [--json OUT]`: train on CPU workers.
 
 With no arguments: the embedded default, a tiny LLaMA on the Python standard-library corpus with
-8 workers at (TP 2, PP 2, DP 2), live progress on the terminal (architecture §5.5).
+8 workers at (TP 2, PP 2, DP 2), live progress and events on the terminal (architecture §5.5);
+the summary on stdout counts the events and states the final layout.
+
+A job that stops early still writes its `--json` (and `--trace`): every committed iteration and
+every event, the stop the last one. It then prints one line on stderr — what happened, what was
+kept, what to do — and exits 2 when it failed, 130 on SIGINT, 143 on SIGTERM.
 """
 
 from __future__ import annotations
 
 import json
+import sys
+from collections import Counter
+
+from resihp.core.run_events import device_count, layout
 
 from .common import table
 
@@ -21,14 +30,14 @@ def add_parser(sub) -> None:
     p.add_argument("--resume", metavar="DIR", help="restart the job from a checkpoint (DIR or DIR/latest)")
     p.add_argument("--json", dest="json_out", help="write per-iteration loss, time, samples, events")
     p.add_argument("--trace", help="write per-device, per-instruction timings as JSON lines")
-    p.add_argument("--quiet", action="store_true", help="no live progress")
+    p.add_argument("--quiet", action="store_true", help="no live progress or events on stderr")
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
     from dataclasses import replace
 
-    from resihp.core.files import check_dir, check_input, check_outputs, read_toml, write_atomic
+    from resihp.core.files import check_dir, check_input, check_outputs, read_toml
     from resihp.runtime.state.dirlock import check_free
 
     # Every input is checked before the runtime loads and before any process starts: the flags
@@ -65,15 +74,70 @@ def run(args) -> int:
     print(f"resihp train: {config.model} on {config.workers} CPU workers, tp {config.tp} pp {config.pp} "
           f"dp {config.dp}, {config.schedule}, {config.iterations} iterations")  # fmt: skip
     print(f"  plan: {stages}")
-    result = run_training(config, progress=not args.quiet, resume=args.resume)
-    s = result["summary"]
-    rows = [[r["iter"], f"{r['loss']:.4f}", f"{r['time_s']:.3f}"] for r in result["iterations"]]
-    every = max(1, len(rows) // 10)
-    print(table(rows[::every] + ([rows[-1]] if (len(rows) - 1) % every else []), ["iter", "loss", "time_s"]))
-    print(f"loss {s['first_loss']:.3f} -> {s['final_loss']:.3f}; {s['samples_per_s']:.1f} samples/s, "
-          f"{s['tokens_per_s']:.0f} tokens/s; wall {s['wall_s']:.1f} s")  # fmt: skip
+    from resihp.runtime.job import Interrupted, WorkerFailed
+
+    try:
+        result = run_training(config, progress=not args.quiet, resume=args.resume)
+    except (WorkerFailed, Interrupted) as stop:
+        return stopped(stop, args.json_out)
+    summary(result)
     if args.json_out:
-        out = {k: v for k, v in result.items() if k not in ("state", "worker_pids")}
-        write_atomic(args.json_out, json.dumps(out))
+        write_result(result, args.json_out)
         print(f"results written to {args.json_out}")
     return 0
+
+
+def write_result(result: dict, path: str) -> None:
+    from resihp.core.files import write_atomic
+
+    out = {k: v for k, v in result.items() if k not in ("state", "worker_pids")}
+    write_atomic(path, json.dumps(out))
+
+
+def summary(result: dict) -> None:
+    """The losses (up to ten rows), the rates, the events counted, the final layout (stdout)."""
+    rows = [[r["iter"], f"{r['loss']:.4f}", f"{r['time_s']:.3f}"] for r in result["iterations"]]
+    if rows:
+        every = max(1, len(rows) // 10)
+        print(
+            table(rows[::every] + ([rows[-1]] if (len(rows) - 1) % every else []), ["iter", "loss", "time_s"])
+        )
+        s = result["summary"]
+        print(f"loss {s['first_loss']:.3f} -> {s['final_loss']:.3f}; {s['samples_per_s']:.1f} samples/s, "
+              f"{s['tokens_per_s']:.0f} tokens/s; wall {s['wall_s']:.1f} s")  # fmt: skip
+    events = result["events"]
+    counts = Counter(e["kind"] for e in events)
+    fixed = sum(1 for e in events if e["kind"] == "fail-stop" and e.get("recovery"))
+    words = [
+        f"{n} {k}" + (f" ({fixed} recovered)" if k == "fail-stop" else "") for k, n in sorted(counts.items())
+    ]
+    print(f"events: {', '.join(words) or 'none'}")
+    final = result["plans"][-1]
+    print(f"final layout (generation {final['generation']}, {device_count(final)} devices): {layout(final)}")
+
+
+def stopped(stop, json_out: str | None) -> int:
+    """A job that stopped early: its summary and `--json`, then one line on stderr (what happened,
+    what was kept, what to do); a worker's traceback follows only when no `--json` keeps it.
+    Returns the exit status: 2 (failed), 128 + the signal (interrupted)."""
+    from resihp.runtime.job import Interrupted
+
+    result = stop.result
+    summary(result)
+    n = len(result["iterations"])
+    kept = f"{n} committed iteration{'' if n == 1 else 's'}"
+    if json_out:
+        write_result(result, json_out)
+        kept += f" written to {json_out}"
+    else:
+        kept += " (not kept: no --json)"
+    if isinstance(stop, Interrupted):
+        line = {2: "interrupted", 15: "terminated"}.get(stop.signum, f"stopped by signal {stop.signum}")
+        rest, code = [], 128 + stop.signum
+    else:
+        line, *rest = str(stop).splitlines()
+        code = 2
+    print("resihp: " + "; ".join(p for p in (line, kept, stop.advice) if p), file=sys.stderr)
+    if rest and not json_out:
+        print("\n".join(rest), file=sys.stderr)
+    return code

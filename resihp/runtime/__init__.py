@@ -21,6 +21,7 @@ _EXPORTS = {
     "JobSpec": "job",
     "OptimConfig": "job",
     "WorkerFailed": "job",
+    "Interrupted": "job",
     "load_faults": "faults",
 }
 

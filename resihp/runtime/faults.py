@@ -111,6 +111,25 @@ class TimedFaults:
         return new
 
 
+def inject_event(
+    f: FaultSpec, at_iter: int, given: FaultSpec | None = None, elapsed_s: float | None = None
+) -> dict:
+    """The event of fault `f` taking effect at iteration `at_iter`: {"iter", "kind": "inject-KIND",
+    "devices"} with its `severity`, `duration_s`, the `phase` and `hang` of a stop that is not a
+    plain exit at the iteration's start; for a time-keyed fault (`given`: as the user gave it) its
+    `at_s` and `elapsed_s`, the controller's clock when it resolved it."""
+    event = {"iter": at_iter, "kind": f"inject-{f.kind}", "devices": list(f.devices)}
+    if f.kind == "stop" and (f.phase != "start" or f.hang):
+        event.update(phase=f.phase, hang=f.hang)
+    if f.severity is not None:
+        event["severity"] = f.severity
+    if f.duration_s is not None:
+        event["duration_s"] = f.duration_s
+    if given is not None and given.at_s is not None:
+        event.update(at_s=given.at_s, elapsed_s=elapsed_s)
+    return event
+
+
 def end_event(end: FaultEnd, lasted_s: float) -> dict:
     """The event of a `duration_s` fault that ends at iteration `end.at_iter` after `lasted_s`."""
     f = end.fault

@@ -1,5 +1,6 @@
 """What every process of a job shares: its description (`JobSpec`, with the optimizer's `OptimConfig`)
-and the error of a job that cannot go on (`WorkerFailed`). Torch-free: the node agents import it too.
+and how a job ends early: `WorkerFailed` (it cannot go on) or `Interrupted` (SIGINT / SIGTERM).
+Torch-free: the node agents import it too.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from dataclasses import dataclass, field
 from resihp.core.model_spec import ModelSpec
 from resihp.core.workload import Workload
 
-__all__ = ["JobSpec", "OptimConfig", "WorkerFailed"]
+__all__ = ["Interrupted", "JobSpec", "OptimConfig", "WorkerFailed"]
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,29 @@ class JobSpec:
 
 class WorkerFailed(RuntimeError):
     """A worker raised or died and the job cannot go on; every child has been reaped when this
-    propagates. `devices`: those blamed; `pids`: every process the job started (the orphan check)."""
+    propagates. `devices`: those blamed; `pids`: every process the job started (the orphan check).
+
+    The first line of the message says what happened (further lines: a worker's traceback). On its
+    way out the controller sets `advice` (what the user can do: resume from a checkpoint, or rerun
+    with one) and `output` (what it had when the job stopped, as `launch_elastic` returns it);
+    `run_training` sets `result`, the run's result up to the failure (what `--json` writes)."""
 
     def __init__(self, message: str, devices: list[int], pids: list[int]) -> None:
         super().__init__(message)
         self.devices, self.pids = devices, pids
+        self.advice: str = ""
+        self.output: dict | None = None
+        self.result: dict | None = None
+
+
+class Interrupted(BaseException):
+    """The job was stopped by signal `signum` (SIGINT or SIGTERM) and torn down in order: every child
+    reaped, the committed iterations kept. A BaseException, as KeyboardInterrupt is, so that no
+    `except Exception` on the way swallows it. `output` and `result` as for `WorkerFailed`."""
+
+    def __init__(self, signum: int, pids: list[int]) -> None:
+        super().__init__(signum)
+        self.signum, self.pids = signum, pids
+        self.advice: str = ""
+        self.output: dict | None = None
+        self.result: dict | None = None

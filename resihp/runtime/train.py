@@ -2,11 +2,17 @@
 
 `run_training(config)` validates the config and its Plan (ValueError before any process starts),
 launches the controller + one gloo worker per device (`controller.launch_elastic`: every run
-commits its iterations and survives failures), shows live progress, and returns
+commits its iterations and survives failures), shows live progress and events (`live.py`), and
+returns
 
-    {"config": {...}, "seed": 0, "plan": {...},
+    {"config": {...}, "seed": 0, "plan": {...}, "status": "done",
      "iterations": [{"iter", "loss", "time_s", "samples", "tokens", "generation"}, ...],
      "events": [], "summary": {...}, "trace": [per-device records, docs/trace-format.md]}
+
+A job that stops early raises (`WorkerFailed`: it cannot go on; `Interrupted`: SIGINT / SIGTERM)
+with that result up to the stop as `result` (status "failed" / "interrupted"; every committed
+iteration, every event, the stop as the last one; the trace file written), so that the caller
+can keep it.
 
 `loss` is the mean cross-entropy per target token of the iteration's global batch (the reference's
 definition), `time_s` the slowest device's wall time of the iteration, `samples` the number of
@@ -16,7 +22,6 @@ packed sequences (micro-batches) and `tokens` = samples x seq_len.
 from __future__ import annotations
 
 import json
-import sys
 import time
 
 from resihp.core.plan import Plan
@@ -27,54 +32,12 @@ from resihp.sched.base import Policy
 from .config import TrainConfig, check_fits, check_run
 from .control.controller import launch_elastic
 from .control.protocol import Reached
-from .job import JobSpec
+from .job import Interrupted, JobSpec, WorkerFailed
+from .live import Progress
 from .state.dirlock import acquire
 
 TRACE_VERSION = 1
 FROM_CONFIG = object()  # run_training's `policy` default: the config's [policy]
-
-
-class Progress:
-    """Live progress on stderr (stdout stays free for JSON): a rich bar when stderr is a TTY and
-    rich is installed, one plain line per iteration otherwise."""
-
-    def __init__(self, total: int, enabled: bool = True, stream=None) -> None:
-        self.total, self.enabled = total, enabled
-        self.stream = stream or sys.stderr
-        self._rich = None
-        if enabled and self.stream.isatty():
-            try:
-                from rich.console import Console
-                from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-                self._rich = Progress(
-                    TextColumn("[bold]train"),
-                    BarColumn(),
-                    MofNCompleteColumn(),
-                    TextColumn("{task.description}"),
-                    console=Console(file=self.stream),
-                    transient=False,
-                )
-                self._task = self._rich.add_task("starting workers", total=total)
-                self._rich.start()
-            except ImportError:
-                self._rich = None
-
-    def update(self, row: dict, samples_per_s: float) -> None:
-        if not self.enabled:
-            return
-        text = (
-            f"iter {row['iter'] + 1}/{self.total}  loss {row['loss']:.4f}  "
-            f"samples/s {samples_per_s:.1f}  gen {row['generation']}"
-        )
-        if self._rich is not None:
-            self._rich.update(self._task, advance=1, description=text)
-        else:
-            print(text, file=self.stream, flush=True)
-
-    def close(self) -> None:
-        if self._rich is not None:
-            self._rich.stop()
 
 
 def iteration_row(plan: Plan, seq_len: int, it: int, reached: list[Reached]) -> dict:
@@ -120,6 +83,11 @@ def run_training(
     `config.checkpoint_every` saves the committed state periodically (`checkpoint.py`); `resume`
     (a checkpoint directory, or a `checkpoint_dir` with a `latest`) restarts the job from it under
     `plan`, which may differ from the one that wrote it: iterations `[checkpoint, config.iterations)`.
+
+    `progress`: live progress and events on stderr (`live.Progress`). A job that cannot go on
+    raises `WorkerFailed`, one stopped by SIGINT / SIGTERM `Interrupted` — after every process is
+    reaped and the trace file written; its `result` is the run's result up to the stop and its
+    `advice` what the user can do (resume from a checkpoint, or rerun with one).
     """
     config = config or TrainConfig()
     if plan is None:
@@ -157,7 +125,6 @@ def run_training(
         snapshots=config.snapshots,
     )
     rows: list[dict] = []
-    events: list[dict] = []
     lock = acquire(config.checkpoint_dir) if config.checkpoint_dir else None  # released at the end
     bar = Progress(config.iterations, enabled=progress)
     t_start = time.perf_counter()
@@ -167,64 +134,73 @@ def run_training(
         rows.append(row)
         bar.update(row, row["samples"] / max(row["time_s"], 1e-9))
 
+    stopped: WorkerFailed | Interrupted | None = None
     try:
-        out = launch_elastic(
-            plan,
-            job,
-            faults=faults,
-            replans=replans,
-            on_commit=on_commit,
-            detect_slow=config.detect_slow,
-            policy=config.build_policy() if policy is FROM_CONFIG else policy,
-            heartbeat_timeout_s=float(config.heartbeat_timeout_s),
-            devices_per_node=config.devices_per_node,
-        )
-        # time-keyed faults with the iteration the controller resolved them to (unresolved: none)
-        injected = [(f, f.at_iter, None) for f in faults if f.at_iter is not None] + out["faults"]
-        for f, at_iter, elapsed_s in injected:
-            event = {"iter": at_iter, "kind": f"inject-{f.kind}", "devices": list(f.devices)}
-            if f.kind == "stop" and (f.phase != "start" or f.hang):
-                event.update(phase=f.phase, hang=f.hang)
-            if f.severity is not None:
-                event["severity"] = f.severity
-            if f.duration_s is not None:
-                event["duration_s"] = f.duration_s
-            if f.at_s is not None:
-                event.update(at_s=f.at_s, elapsed_s=elapsed_s)
-            events.append(event)
-        events.extend(out["events"])
-        events.sort(key=lambda e: e["iter"])
+        try:
+            out = launch_elastic(
+                plan,
+                job,
+                faults=faults,
+                replans=replans,
+                on_commit=on_commit,
+                on_event=bar.event,
+                detect_slow=config.detect_slow,
+                policy=config.build_policy() if policy is FROM_CONFIG else policy,
+                heartbeat_timeout_s=float(config.heartbeat_timeout_s),
+                devices_per_node=config.devices_per_node,
+            )
+        except (WorkerFailed, Interrupted) as stop:
+            assert stop.output is not None, "the controller attaches what it had"
+            out, stopped = stop.output, stop
     finally:
         bar.close()
         if lock is not None:
             lock.release()
-    elapsed = time.perf_counter() - t_start
-    trace = [record_to_json(rec) for it in sorted(out["records"]) for rec in out["records"][it]]
+    result = run_result(config, plan, rows, out, time.perf_counter() - t_start, stopped)
     if config.trace:
-        with open(config.trace, "w") as f:
-            for rec in trace:
-                f.write(json.dumps(rec) + "\n")
+        write_trace(config.trace, result["trace"])
+    if return_state:
+        result["state"] = out["state"]
+    if stopped is not None:
+        stopped.result = result
+        raise stopped
+    return result
+
+
+def write_trace(path: str, trace: list[dict]) -> None:
+    """The trace as JSON lines, one per device and iteration (docs/trace-format.md)."""
+    with open(path, "w") as f:
+        for rec in trace:
+            f.write(json.dumps(rec) + "\n")
+
+
+def run_result(
+    config: TrainConfig, plan: Plan, rows: list[dict], out: dict, wall_s: float, stopped=None
+) -> dict:
+    """The architecture §5.5 result of a run from its committed `rows` and the controller's `out`
+    (`stopped`: the exception of a job that stopped early, else None). Events are sorted by
+    iteration (stable: in the order made within one); the summary's rates leave iteration 0 out
+    (start-up), and a run that committed nothing has no losses."""
     steady = rows[1:] or rows
     run_s = sum(r["time_s"] for r in steady)
+    status = "done" if stopped is None else "interrupted" if isinstance(stopped, Interrupted) else "failed"
     result = {
         "config": config.to_dict(),
         "seed": config.seed,
         "plan": plan.to_dict(),
+        "status": status,
         "iterations": rows,
-        "events": events,
+        "events": sorted(out["events"], key=lambda e: e["iter"]),
         "summary": {
-            "wall_s": elapsed,
-            "first_loss": rows[0]["loss"],
-            "final_loss": rows[-1]["loss"],
+            "wall_s": wall_s,
+            "first_loss": rows[0]["loss"] if rows else None,
+            "final_loss": rows[-1]["loss"] if rows else None,
             "samples_per_s": sum(r["samples"] for r in steady) / max(run_s, 1e-9),
             "tokens_per_s": sum(r["tokens"] for r in steady) / max(run_s, 1e-9),
         },
         "trace_version": TRACE_VERSION,
-        "trace": trace,
+        "trace": [record_to_json(rec) for it in sorted(out["records"]) for rec in out["records"][it]],
     }
     result["worker_pids"] = out["pids"]
-    if "plans" in out:
-        result["plans"] = [p.to_dict() for p in out["plans"]]
-    if return_state:
-        result["state"] = out["state"]
+    result["plans"] = [p.to_dict() for p in out["plans"]]
     return result

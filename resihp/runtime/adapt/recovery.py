@@ -1,9 +1,10 @@
-"""Recovery from a fail-stop: the state the survivors hold, its live copies, the next generation's plan.
+"""Recovery from a fail-stop: the state the survivors hold, its live copies, the next generation's
+plan, and what to tell the user when there is no way on.
 
-The controller (`controller.py`) calls `plan_after_stop` once the dead members are out of
-`members`, publishes the plan as generation g+1 and aborts the iteration in flight; `close_recovery`
-annotates the fail-stop event once that iteration is committed (docs/runtime.md, "What happens on a
-stop", "Recovery times").
+Once a failure is quiescent (`control/failover.py`) the controller calls `plan_after_stop` and
+publishes the plan as generation g+1 (docs/runtime.md, "What happens on a stop"). A job that cannot
+go on ends with `WorkerFailed` (`lost_layers` names what no survivor holds); `advice` says what
+the user can do about it.
 
 `source_generation` is the generation whose committed state the survivors hold — the transfer
 source of the next one. A member keeps what it held when it left each generation it joined; a
@@ -12,8 +13,6 @@ committed nothing, and its predecessor's holdings are still the committed state.
 """
 
 from __future__ import annotations
-
-import time
 
 from resihp.core.plan import Plan
 from resihp.sched.base import Policy
@@ -34,7 +33,7 @@ def plan_after_stop(
     it: int,
     job: JobSpec,
     policy: Policy | None,
-    events: list[dict],
+    emit,
     pids: list[int],
 ) -> tuple[Plan, str, tuple | None]:
     """The next generation's plan over the survivors `members` after `dead` stopped at iteration
@@ -44,8 +43,9 @@ def plan_after_stop(
     `ctx` is what the `policy` plans for (`reconfig.planning_context`), `plans` every generation's,
     `joined` generation -> members that completed its join. Every tensor must have a complete live
     copy in the source state (`transfer.source_stages`); with `job.snapshots` a lost stage's
-    snapshot holders count (event `snapshot-restore`, appended to `events`), else WorkerFailed
-    (carrying `pids`).
+    snapshot holders count (event `snapshot-restore`, handed to `emit`), else WorkerFailed
+    (carrying `pids`) naming the layers no survivor holds; WorkerFailed too when no plan runs on the
+    survivors (every replica lost a stage and the policy has no answer).
     """
     # the state survivors hold: of cur, or of an earlier generation when cur's rebuild failed
     src = source_generation([p.devices() for p in plans], joined, members)
@@ -56,8 +56,9 @@ def plan_after_stop(
     except ValueError as e:  # a stage lost every replica: its snapshots, else WorkerFailed
         if not job.snapshots:
             raise WorkerFailed(
-                f"devices {dead} stopped at iteration {it} and the job cannot go on: {e} "
-                "(run.snapshots = true keeps an in-memory copy of every stage on a peer)",
+                f"devices {dead} stopped at iteration {it} and took out every copy of "
+                f"{lost_layers(base, members) or e} (run.snapshots = true keeps an in-memory copy of "
+                "every stage on a peer)",
                 dead,
                 pids,
             ) from None
@@ -65,8 +66,11 @@ def plan_after_stop(
         source_stages(base, members, hold)
         lost = sorted(d for d in base.devices() if d not in members)
         used = sorted({hold[d] for d in lost if d in hold})
-        events.append({"iter": it, "kind": "snapshot-restore", "devices": used, "lost": lost})
-    new, reason = replan_after_stop(ctx, base, members, policy, absorb=job.snapshots)
+        emit({"iter": it, "kind": "snapshot-restore", "devices": used, "lost": lost})
+    try:
+        new, reason = replan_after_stop(ctx, base, members, policy, absorb=job.snapshots)
+    except ValueError as e:  # no plan over the survivors (`shrink_plan`: every replica lost a stage)
+        raise WorkerFailed(f"devices {dead} stopped at iteration {it}: {e}", dead, pids) from None
     return new, reason, None if src is None else (src, base)
 
 
@@ -84,20 +88,47 @@ def source_generation(
     return None
 
 
-def close_recovery(rec: dict, events: list[dict], joined: dict) -> None:
-    """Annotate the last fail-stop event with the kill -> first committed iteration breakdown;
-    `joined`: generation -> its members' `Joined` messages (their seconds, the slowest member's)."""
-    got = joined.get(rec["gen"], [])
-    stop = next(e for e in reversed(events) if e["kind"] == "fail-stop")
-    stop["recovery"] = {
-        "kill_to_commit_s": time.time() - rec["t_stop"],
-        "detect_s": rec["detect_s"],
-        "plan_s": rec["plan_s"],
-        **{
-            k: max((getattr(m, k) for m in got), default=0.0)
-            for k in ("teardown_s", "group_s", "transfer_s", "build_s")
-        },
+def lost_layers(plan: Plan, members) -> str:
+    """The layers of `plan` that no stage whose every device is in `members` holds, as ranges:
+    "layers 2-3", "layers 0-1, 6" ("" when every layer has a live copy)."""
+    members = set(members)
+    live = {
+        k
+        for stages in plan.replicas
+        for st in stages
+        if not st.hollow and set(st.devices) <= members
+        for k in range(*st.layers)
     }
+    runs: list[list[int]] = []
+    for k in (k for k in range(plan.model.num_layers) if k not in live):
+        if runs and runs[-1][1] == k - 1:
+            runs[-1][1] = k
+        else:
+            runs.append([k, k])
+    if not runs:
+        return ""
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+    return f"layer{'s' if len(runs) > 1 or runs[0][0] != runs[0][1] else ''} {text}"
+
+
+def advice(job: JobSpec, events: list[dict], failed: bool = True) -> str:
+    """What the user can do about a job that stopped early: resume from the newest checkpoint (one
+    this run wrote, else the one it resumed from); without one, for a job that `failed`, rerun with
+    checkpoints ("" for an interrupted one: there is nothing to add)."""
+    saved = [e for e in events if e["kind"] == "checkpoint"]
+    if saved:
+        return (
+            f"the checkpoint at iteration {saved[-1]['iter']} keeps the state: resume with "
+            f"`resihp train --resume {job.checkpoint_dir}` (same --config)"
+        )
+    if job.resume is not None:
+        return (
+            f"the checkpoint at iteration {job.start_iteration} keeps the state: resume with "
+            f"`resihp train --resume {job.resume}` (same --config)"
+        )
+    if not failed:
+        return ""
+    return "no checkpoint: rerun with --checkpoint-every N --checkpoint-dir DIR to be able to resume"
 
 
 def mark_noticed(events: list[dict], noticed: dict[int, dict[int, str]]) -> None:

@@ -35,7 +35,7 @@ import threading
 import time
 
 from .liveness import HEARTBEAT_S, Liveness
-from .pids import WATCH_S, running, watch
+from .pids import WATCH_S, kill_tree, running, watch
 from .pids import kill as kill_pid
 from .protocol import (
     TO_AGENT,
@@ -50,10 +50,13 @@ from .protocol import (
     Spawn,
     Spawned,
 )
+from .signals import quiet_children, shield, shielded
 from .transport import Channel, Transport
 
-MEMBER_PRELOAD = ["resihp.runtime.control.member", "torch._dynamo"]  # what a node's forkserver imports once
+# what a node's forkserver imports once, in order (`preload` last: it freezes the others out of the gc)
+MEMBER_PRELOAD = ["resihp.runtime.control.member", "torch._dynamo", "resihp.runtime.control.preload"]
 EXIT_POLL_S = 0.05  # an agent sees a member's exit within this
+AGENT_EXIT_S = 1.0  # after its members' grace, an agent that has not exited is killed with its tree
 
 
 def _member(blob: bytes, beats, results, agent: int) -> None:
@@ -69,7 +72,10 @@ def agent_main(
 ) -> None:  # fmt: skip
     """The agent process of `node` (non-daemonic: it has children); runs until `Shutdown`.
     `beats`: its members' heartbeat channel (made by the controller, so that a killed agent leaks
-    nothing)."""
+    nothing). SIGINT is ignored here and in the members (`signals.shield`): the controller stops
+    them; members log torch's C++ messages from ERROR up (`signals.quiet_children`)."""
+    shield()
+    quiet_children()  # before the forkserver (and torch in it) starts
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(MEMBER_PRELOAD)
     procs: dict = {}  # device -> its current member process
@@ -186,7 +192,8 @@ class Agents:
             commands, beats = self.transport.channel(), self.transport.channel()
             args = (node, commands, beats, self.results, os.getpid())
             proc = self.ctx.Process(target=agent_main, args=args, name=f"resihp-agent-{node}")
-            proc.start()
+            with shielded():  # no SIGINT may reach the agent before it ignores it
+                proc.start()
             self.procs[node], self.commands[node], self.beats[node] = proc, commands, beats
             self.pids.append(proc.pid)
             self.liveness.spawn(node, time.monotonic())
@@ -237,15 +244,16 @@ class Agents:
         return self.liveness.unstarted(now)
 
     def shutdown(self, grace_s: float) -> None:
-        """Ask every agent to give its members up to `grace_s` to exit, reap them and exit; SIGKILL an
-        agent that has not 5 s later (its members then exit by themselves: they watch it)."""
+        """Ask every agent to give its members up to `grace_s` to exit, reap them and exit; an agent
+        that has not `AGENT_EXIT_S` later — blocked, say, in its first spawn while its forkserver
+        preloads torch, seconds — is SIGKILLed with its whole tree (forkserver and members)."""
         for channel in self.commands.values():
             channel.send(Shutdown(grace_s))
-        deadline = time.monotonic() + grace_s + 5.0
+        deadline = time.monotonic() + grace_s + AGENT_EXIT_S
         for proc in self.procs.values():
             proc.join(max(0.0, deadline - time.monotonic()))
             if proc.exitcode is None:
-                proc.kill()
+                kill_tree(proc.pid)
                 proc.join()
         for channel in self.commands.values():
             channel.close()

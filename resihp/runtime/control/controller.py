@@ -2,30 +2,27 @@
 
 The controller (the calling process) hosts the `TCPStore` and reads the members' messages; one agent
 process per node (`agent.py`) spawns, watches, kills and reaps that node's member processes
-(`member.py`) on its commands and reports their exits and heartbeats.
+(`member.py`). docs/runtime.md tells the whole protocol; in short:
 
-* Commit: iteration k of generation g is committed when every plan device of g reported `Reached`
-  at its STEP; the controller then writes `decision/{g}/{k}` = `Verdict.COMMIT` (or `NEXT` when a
-  planned replan starts at k + 1, after publishing `plan/{g+1}`). The committed history holds each
-  iteration exactly once, with the losses of the generation that committed it.
-* Time-keyed faults (`faults.TimedFaults`): the controller's clock starts when it first writes
-  `go` (every member of the first generation is at its rendezvous: process start-up is excluded).
-  At the commit of k, time-keyed faults that are due become faults of iteration k + 1 and
-  `duration_s` faults that are over end at k + 1; the decision then carries every fault resolved
-  so far (`Decision.faults`). Every generation's body (`protocol.Generation`) carries them too.
+* Commit: iteration k of generation g is committed when every plan device of g reported `Reached`;
+  the controller writes `decision/{g}/{k}` = `Verdict.COMMIT` (or `NEXT` after publishing
+  `plan/{g+1}` for a replan due at k + 1). Time-keyed faults due and `duration_s` ends are
+  resolved there (`faults.TimedFaults`, on a clock that starts at the first `go`).
 * Liveness (`processes.py`): a member silent for `heartbeat_timeout_s` is killed, a node whose
   agent died or went silent is fenced; either way its devices become fail-stops.
-* Fail-stop: a member process that exited is a `fail-stop` of its device. The controller asks the
-  scheduler policy for generation g+1 over the survivors (`recovery.py`: `reconfig.replan_after_stop`,
-  falling back to `shrink_plan`), publishes it, then writes `ABORT` for the iteration in flight:
-  survivors skip its step, join g+1, receive lost shards from a DP peer and re-run it. A member
-  that reports a failed collective while no process died, or a member error, ends the job with
-  `WorkerFailed` (every child reaped).
-* Join barrier: members of generation g start its gloo rendezvous only once the controller wrote
-  `go/{g}` (every member arrived, alive). A death before that supersedes g (`Gate.ABORT`); a death
-  after it fails the survivors' join (gloo raises, or the short join timeout). Either way the
-  next generation is replanned from, and transfers from, the last generation every survivor
-  joined (`recovery.source_generation`) — a rebuild that failed ran nothing and committed nothing.
+* Fail-stop: the first death of a failure writes `ABORT` for the iteration in flight (and for a
+  generation still before its rendezvous) at once; once the failure is quiescent
+  (`recovery.Failure`: every live member reported its abort or is at rest; deaths meanwhile join
+  it) the scheduler plans generation g+1 over the survivors (`reconfig.replan_after_stop`) and the
+  controller publishes it. A failed collective while no process died, or a member error, ends the
+  job with `WorkerFailed` (every child reaped).
+* Join barrier: members of g start its gloo rendezvous once `go/{g}` says so (every member arrived,
+  alive); a death first supersedes g (`Gate.ABORT`). The next generation transfers from the last
+  one every survivor joined (`recovery.source_generation`).
+* Events are made in one place (`events.EventLog`) and handed on as they happen. A job that stops
+  early (`WorkerFailed`, or SIGINT / SIGTERM: `signals.StopSignals` raises `Interrupted` at the
+  next turn of the loop) is torn down in order and ends with a `job-failed` / `interrupted` event;
+  the exception carries what the run had (`output`).
 
 Every message is handled by one method `on_<kind>` through the one dispatch table
 (`Processes.dispatch`, `protocol.Dispatch`): a kind without a handler raises.
@@ -43,17 +40,20 @@ from resihp.sched.base import Policy
 from resihp.sched.ours import ResiHP
 
 from ..adapt.reconfig import grow_plan, planning_context, replan_after_slow
-from ..adapt.recovery import close_recovery, mark_noticed, plan_after_stop
+from ..adapt.recovery import advice, mark_noticed, plan_after_stop
 from ..adapt.slowwatch import slow_event, watch_job
 from ..faults import FaultEnd, TimedFaults, end_event
-from ..job import JobSpec
+from ..job import Interrupted, JobSpec, WorkerFailed
 from ..state.checkpoint import savers, write_meta
 from ..state.transfer import gather_replicas
 from .board import Board
 from .boundaries import Boundaries
+from .events import EventLog
+from .failover import Failover
 from .liveness import HEARTBEAT_TIMEOUT_S, START_TIMEOUT_S, JoinBarrier, Liveness
 from .processes import Processes
 from .protocol import (
+    FROM_MEMBER,
     Abort,
     Decision,
     Done,
@@ -62,7 +62,6 @@ from .protocol import (
     Generation,
     Joined,
     Joining,
-    Kind,
     MemberArgs,
     Reached,
     Record,
@@ -71,9 +70,9 @@ from .protocol import (
     Stopping,
     Verdict,
 )
+from .signals import StopSignals
 from .transport import Transport
 
-ABORT_GRACE_S = 5.0  # a reported collective failure with no dead process after this -> WorkerFailed
 DEFAULT_POLICY = ResiHP()  # policies are pure: one instance serves every run
 
 
@@ -84,6 +83,7 @@ def launch_elastic(
     faults=(),
     replans: list[tuple[int, Plan]] | tuple = (),
     on_commit: Callable[[int, Plan, list[Reached]], None] | None = None,
+    on_event: Callable[[dict, list[Plan]], None] | None = None,
     detect_slow: bool = False,
     policy: Policy | None = DEFAULT_POLICY,
     heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
@@ -91,30 +91,31 @@ def launch_elastic(
     devices_per_node: int | None = None,
 ) -> dict:
     """Run `job` from `plan` (generation 0), switching to each `(iteration, plan)` of `replans` at
-    that iteration boundary and recovering from member deaths; returns records, state and events.
+    that iteration boundary and recovering from member deaths (docs/runtime.md).
 
-    `on_commit(it, plan, reached)` is called once per committed iteration with each plan device's
-    `Reached` message (`losses`, `wall_s`; device order). The result: {"records": {it: [trace
-    records]}, "state": replica -> full state dict of the final plan (with `job.return_state`),
-    "events", "plans", "pids": every agent and member process}. With `detect_slow`, committed
-    iterations' compute
-    (and, with `job.link_mb_per_s`, P2P transfer) timings go to `SlowWatch`; its new `fail-slow` /
-    `link-slow` reports go to the scheduler `policy` (a `resihp.sched.Policy`;
-    `reconfig.replan_after_slow`; None or no usable plan: the `rebalance_slow` rule), whose plan
-    runs from the next iteration boundary on.
-    After a fail-stop, generation g+1 comes from the `policy` too (`reconfig.replan_after_stop`;
-    None: the `shrink_plan` rule).
-    A member silent for `heartbeat_timeout_s` is killed (then a fail-stop); one with no heartbeat
-    `start_timeout_s` after its spawn fails the job. Devices `d` with the same `d // devices_per_node`
-    (None: all) form a node with one agent; a node whose agent dies or goes silent loses them all.
-    `faults` (checked by `core.faults.check_faults`) may be time-keyed (resolved at commits:
-    `TimedFaults`); the result's "faults" lists (fault as given, iteration it took effect at,
-    seconds on the clock) of each time-keyed one that was resolved.
+    `on_commit(it, plan, reached)`: once per committed iteration, with each plan device's `Reached`
+    (`losses`, `wall_s`; device order). `on_event(event, plans)`: once per event as it is made
+    (`plans`: every generation's so far), and again for a `fail-stop` once its recovery is measured
+    (`recovery` added). `faults` (checked by `core.faults.check_faults`) may be time-keyed
+    (`TimedFaults`). With `detect_slow`, committed iterations' compute (and, with
+    `job.link_mb_per_s`, P2P) timings go to `SlowWatch`, whose `fail-slow` / `link-slow` reports
+    go to `policy` (`reconfig.replan_after_slow`), as do fail-stops (`reconfig.replan_after_stop`);
+    `policy` None: the `rebalance_slow` / `shrink_plan` rules. A member silent for
+    `heartbeat_timeout_s` is killed (a fail-stop); one with no heartbeat `start_timeout_s` after
+    its spawn fails the job. Devices with the same `d // devices_per_node` (None: all) form a node
+    with one agent; a node whose agent dies or goes silent loses them all.
+
+    Returns {"records": {it: [trace records]}, "state": replica -> full state dict of the final
+    plan (with `job.return_state`), "events" (in the order made), "plans", "pids": every agent and
+    member process, "faults": (fault as given, iteration, seconds on the clock) of every time-keyed
+    fault resolved}. A job that cannot go on raises `WorkerFailed`, one stopped by SIGINT or SIGTERM
+    `Interrupted`; either carries that result up to the stop (`output`) and the user's way on
+    (`advice`).
     """
     return Controller(
-        plan, job, faults=faults, replans=replans, on_commit=on_commit, detect_slow=detect_slow,
-        policy=policy, heartbeat_timeout_s=heartbeat_timeout_s, start_timeout_s=start_timeout_s,
-        devices_per_node=devices_per_node,
+        plan, job, faults=faults, replans=replans, on_commit=on_commit, on_event=on_event,
+        detect_slow=detect_slow, policy=policy, heartbeat_timeout_s=heartbeat_timeout_s,
+        start_timeout_s=start_timeout_s, devices_per_node=devices_per_node,
     ).run()  # fmt: skip
 
 
@@ -124,7 +125,8 @@ class Controller:
 
     `gen`, `cur`: the latest published generation and its plan; `it`: the iteration to commit next;
     `members`: the devices of the live member processes; `reached`: plan device -> its `Reached`
-    message for `it` in `gen`; `plans`, `bodies`: every generation's plan and published body.
+    message for `it` in `gen`; `plans`, `bodies`: every generation's plan and published body;
+    `fails`: the failure not replanned yet and the recovery measured (`failover.Failover`).
     """
 
     def __init__(
@@ -135,6 +137,7 @@ class Controller:
         faults,
         replans,
         on_commit: Callable[[int, Plan, list[Reached]], None] | None,
+        on_event: Callable[[dict, list[Plan]], None] | None,
         detect_slow: bool,
         policy: Policy | None,
         heartbeat_timeout_s: float,
@@ -142,8 +145,7 @@ class Controller:
         devices_per_node: int | None,
     ) -> None:
         self.plan, self.job, self.on_commit, self.policy = plan, job, on_commit, policy
-        self.devices_per_node = devices_per_node
-        self.end = job.start_iteration + job.iterations
+        self.devices_per_node, self.end = devices_per_node, job.start_iteration + job.iterations
         self.timed = TimedFaults(faults, job.start_iteration, self.end)
         self.due = Boundaries(replans, self.timed.faults, self.end)
         self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
@@ -154,11 +156,10 @@ class Controller:
         self.members = set(plan.devices()) | set(plan.standby)
         body0 = Generation(0, plan, tuple(sorted(self.members)), self.it, None, tuple(self.timed.faults))
         self.origin = None  # the fault clock: time.monotonic() when the first `go` was written
-        self.records, self.shards, self.events, self.plans = {}, {}, [], [plan]
+        self.records, self.shards, self.plans = {}, {}, [plan]
+        self.log = EventLog(self.plans, on_event)
         self.reached: dict[int, Reached] = {}
         self.joined: dict[int, list[Joined]] = {}  # generation -> its members' `Joined` messages
-        self.recovery: dict | None = None  # the fail-stop not recovered yet (`recovery.close_recovery`)
-        self.abort_since = None
         self.finished = False  # the last iteration is committed
         self.watch = watch_job(self.plans, job) if detect_slow and job.timing else None
         self.saved: dict[int, set[int]] = {}  # checkpoint iteration -> devices that wrote their shards
@@ -169,41 +170,63 @@ class Controller:
         )  # fmt: skip
         self.barrier = JoinBarrier()
         self.barrier.open(0, self.members)
+        self.fails = Failover(
+            self.board, self.barrier
+        )  # the failure not replanned yet, the recovery measured
         self.joined_devs: dict[int, set[int]] = {}  # generation -> members that completed its join
         self.bodies: dict[int, Generation] = {0: body0}
-        self.aborts: dict[int, str] = {}  # device -> its failed collective, in the current generation
-        self.noticed: dict[int, dict[int, str]] = {}  # generation -> device -> how it saw the failure
 
     def run(self) -> dict:
         """Spawn generation 0's members, then handle deaths, the join barrier and every message until
         the last iteration is committed and every member said done."""
         try:
-            for dev in sorted(self.members):
-                self.spawn(dev, self.bodies[0])
-            while not (self.finished and self.procs.done >= self.members):
-                msg = self.procs.inbox.get(0.05)
-                self.procs.check_alive(self.members)
-                dead = self.procs.dead(self.members)
-                if dead and not self.finished:
-                    self.recover()
-                elif dead:
-                    self.procs.fail({})
-                if self.abort_since is not None and time.monotonic() - self.abort_since > ABORT_GRACE_S:
-                    why = "reported a failed collective, no process died"
-                    self.procs.fail({d: f"{why}: {e}" for d, e in self.aborts.items()})
-                self.release()
-                if msg is not None:
-                    self.procs.dispatch(msg)
-            self.procs.close(10.0)  # every member said done: let them exit
-        finally:  # (a WorkerFailed carries `agents.pids`: complete once this close read the last reports)
-            self.procs.close(0.0)
-            self.results.close()
-            self.store = None  # shut the TCPStore down with its last reference
-        mark_noticed(self.events, self.noticed)
+            with StopSignals(self.procs.agents.pids) as signals:
+                try:
+                    self.log.inject(self.timed, self.it)
+                    for dev in sorted(self.members):
+                        self.spawn(dev, self.bodies[0])
+                    while not (self.finished and self.procs.done >= self.members):
+                        signals.check()
+                        self.turn()
+                    self.procs.close(10.0)  # every member said done: let them exit
+                finally:  # (WorkerFailed carries `agents.pids`: complete once this read the last reports)
+                    self.procs.close(0.0)
+                    self.results.close()
+                    self.store = None  # shut the TCPStore down with its last reference
+        except (WorkerFailed, Interrupted) as stop:
+            stop.advice = advice(self.job, self.log.events, failed=isinstance(stop, WorkerFailed))
+            self.log.stop(stop, self.it, self.gen)
+            stop.output = self.output()
+            raise
+        return self.output()
+
+    def turn(self) -> None:
+        """One turn of the loop: a message, liveness verdicts, deaths, the failure's replan, the
+        abort grace, the join barrier; then the message is handled."""
+        msg = self.procs.inbox.get(0.05)
+        self.procs.check_alive(self.members)
+        dead = self.procs.dead(self.members)
+        if dead and not self.finished:
+            self.lose(dead)
+        elif dead:
+            self.procs.fail({})
+        if self.fails.open is not None and self.fails.quiescent(self.members, self.plans, self.joined_devs):
+            self.recover()
+        stray = self.fails.unexplained()
+        if stray:
+            self.procs.fail(stray)
+        self.release()
+        if msg is not None:
+            self.procs.dispatch(msg)
+
+    def output(self) -> dict:
+        """What `launch_elastic` returns (also what a stopped job had: `WorkerFailed.output`)."""
+        mark_noticed(self.log.events, self.fails.noticed)
+        state = self.job.return_state and self.finished and self.procs.done >= self.members
         return {
             "records": {k: [v[d] for d in sorted(v)] for k, v in sorted(self.records.items())},
-            "state": gather_replicas(self.cur, self.shards) if self.job.return_state else {},
-            "events": self.events,
+            "state": gather_replicas(self.cur, self.shards) if state else {},
+            "events": self.log.events,
             "plans": self.plans,
             "pids": self.procs.agents.pids,
             "faults": self.timed.injected,
@@ -225,7 +248,7 @@ class Controller:
         self.bodies[gen] = body
         self.barrier.open(gen, self.members)
         self.board.publish(body, gen)
-        self.events.append(
+        self.log.emit(
             {"iter": start, "kind": "replan", "generation": gen, "devices": cur.devices(), "reason": reason}
         )
 
@@ -233,37 +256,31 @@ class Controller:
         self.procs.spawn(dev, MemberArgs(body, self.job, dev, self.store.port).encode())
         for got in self.joined_devs.values():  # a fresh process holds nothing of earlier generations
             got.discard(dev)
+        self.barrier.seen.discard(dev)  # and has reached no barrier yet
 
-    def recover(self) -> None:
-        """A member died: publish generation g+1 over the survivors (`recovery.plan_after_stop`), then
-        write `Gate.ABORT` for every generation still before its rendezvous and `Verdict.ABORT` for
-        the iteration in flight; the recovery measurement starts (or goes on, from a failure not
-        recovered yet)."""
-        t_detect = time.time()
-        time.sleep(0.1)  # collect the other deaths of one event (two devices stopped at once)
-        self.procs.inbox.drain()
-        dead = self.procs.dead(self.members)
+    def lose(self, dead: list[int]) -> None:
+        """Members died: fail-stops of the failure not replanned yet (`Failover.lose`)."""
+        if self.fails.lose(self.gen, self.it, dead):
+            self.reached = {}
         self.members -= set(dead)
         for d in dead:
             self.procs.liveness.forget(d)
             cause = self.procs.killed.get(d, "exit")
-            self.events.append(
+            self.log.emit(
                 {"iter": self.it, "kind": "fail-stop", "devices": [d], "cause": cause, "generation": self.gen}
             )
+
+    def recover(self) -> None:
+        """The failure is quiescent: publish generation g+1 over the survivors
+        (`recovery.plan_after_stop`); the recovery measurement starts (or goes on)."""
         t0 = time.perf_counter()
         new, reason, source = plan_after_stop(
-            self.context(), self.plans, self.joined_devs, self.members, dead, self.it, self.job, self.policy,
-            self.events, self.procs.agents.pids,
+            self.context(), self.plans, self.joined_devs, self.members, self.fails.open.dead, self.it,
+            self.job, self.policy, self.log.emit, self.procs.agents.pids,
         )  # fmt: skip
         plan_s = time.perf_counter() - t0
         self.publish(new, self.it, reason, source)
-        for g_old in self.barrier.supersede(self.gen):  # generations still before their rendezvous
-            self.board.gate(g_old, Gate.ABORT)
-        self.board.decide(self.gen - 1, self.it, Decision(Verdict.ABORT))
-        self.reached, self.abort_since, self.aborts = {}, None, {}
-        t_stop = min((self.procs.stopping.get(d, t_detect) for d in dead), default=t_detect)
-        first = t_stop if self.recovery is None else min(t_stop, self.recovery["t_stop"])  # not recovered yet
-        self.recovery = {"t_stop": first, "detect_s": t_detect - t_stop, "plan_s": plan_s, "gen": self.gen}
+        self.fails.replanned(self.procs.stopping, plan_s, self.gen)
 
     def release(self) -> None:
         """Write `go/{gen}` once every member of gen is at its rendezvous, alive; the first `go`
@@ -285,16 +302,18 @@ class Controller:
         it, gen, cur = self.it, self.gen, self.cur
         elapsed = time.monotonic() - self.origin
         resolved = self.timed.resolve(it, elapsed)
+        if it + 1 < self.end:
+            self.log.inject(self.timed, it + 1)
         for f in resolved:
             if isinstance(f, FaultEnd):
-                self.events.append(end_event(f, elapsed - self.timed.started[f.fault]))
+                self.log.emit(end_event(f, elapsed - self.timed.started[f.fault]))
             elif f.kind == "rejoin":
                 self.due.add_rejoin(f)
         nxt, reason, joiners = self.due.at(it + 1, gen, self.members)
         if joiners:  # fresh processes for re-joining devices; the plan grows back
             self.members |= set(joiners)
             nxt = grow_plan(self.plan, nxt or cur, self.members)
-            self.events.append({"iter": it + 1, "kind": "rejoin", "devices": joiners})
+            self.log.emit({"iter": it + 1, "kind": "rejoin", "devices": joiners})
         if nxt is not None:
             self.publish(nxt, it + 1, reason, (gen, cur))
             for d in joiners:
@@ -304,28 +323,18 @@ class Controller:
         self.board.decide(gen, it, Decision(verdict, news))
         if self.on_commit is not None:
             self.on_commit(it, cur, [self.reached[d] for d in sorted(self.reached)])
-        if self.recovery is not None:
-            close_recovery(self.recovery, self.events, self.joined)
-            self.recovery = None
+        recovered = self.fails.committed(self.log.events, self.joined)
+        if recovered is not None:
+            self.log.completed(recovered)
         self.reached, self.it = {}, it + 1
         if self.it == self.end:
             self.finished = True
             self.board.publish(None, self.gen + 1)  # standby members: stop
 
     def handlers(self) -> dict:
-        """The member half of the dispatch table (`Processes.dispatch` adds the agents' reports)."""
-        return {
-            Kind.JOINING: self.on_joining,
-            Kind.JOINED: self.on_joined,
-            Kind.REACHED: self.on_reached,
-            Kind.RECORD: self.on_record,
-            Kind.ABORT: self.on_abort,
-            Kind.ERROR: self.on_error,
-            Kind.STOPPING: self.on_stopping,
-            Kind.SAVED: self.on_saved,
-            Kind.STATE: self.on_state,
-            Kind.DONE: self.on_done,
-        }
+        """The member half of the dispatch table (`Processes.dispatch` adds the agents' reports):
+        kind -> `on_<kind name>`."""
+        return {kind: getattr(self, f"on_{kind.name.lower()}") for kind in FROM_MEMBER}
 
     def on_error(self, msg: Error) -> None:
         self.procs.fail({msg.device: msg.traceback})
@@ -337,10 +346,7 @@ class Controller:
         self.barrier.arrive(msg.generation, msg.device)
 
     def on_abort(self, msg: Abort) -> None:
-        self.noticed.setdefault(msg.generation, {})[msg.device] = msg.error[:200]
-        if msg.generation == self.gen:
-            self.aborts[msg.device] = msg.error
-            self.abort_since = self.abort_since or time.monotonic()
+        self.fails.abort(msg.generation, msg.device, msg.error, self.gen)
 
     def on_joined(self, msg: Joined) -> None:
         g = msg.generation
@@ -349,10 +355,10 @@ class Controller:
         got.append(msg)
         if len(got) == len(self.barrier.expected[g]) and g > 0:
             times = {"group_s": max(m.group_s for m in got), "transfer_s": max(m.transfer_s for m in got)}
-            self.events.append({"iter": self.it, "kind": "state-transfer", "generation": g, **times})
+            self.log.emit({"iter": self.it, "kind": "state-transfer", "generation": g, **times})
 
     def on_reached(self, msg: Reached) -> None:
-        if msg.generation == self.gen:
+        if msg.generation == self.gen and self.fails.open is None:  # (a failure: `it` is aborted already)
             self.reached[msg.device] = msg
             if set(self.reached) == set(self.cur.devices()):
                 self.commit()
@@ -375,7 +381,8 @@ class Controller:
                 self.context(), self.cur, self.members, self.policy, *known, found
             )
             reason = self.due.propose(self.it + 1, new, reason, self.gen)
-            self.events.extend(slow_event(r, reason) for r in found)
+            for r in found:
+                self.log.emit(slow_event(r, reason))
 
     def on_saved(self, msg: Saved) -> None:
         """A checkpoint is complete once every saver of its plan wrote."""
@@ -384,7 +391,7 @@ class Controller:
         wrote = self.plans[msg.generation]
         if got == set(savers(wrote)):
             path = write_meta(self.job.checkpoint_dir, msg.iter, wrote)
-            self.events.append({"iter": msg.iter, "kind": "checkpoint", "path": path})
+            self.log.emit({"iter": msg.iter, "kind": "checkpoint", "path": path})
 
     def on_state(self, msg: State) -> None:
         self.shards[msg.device] = msg.shards

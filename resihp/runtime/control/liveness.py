@@ -132,12 +132,15 @@ class Inbox:
 
 
 class JoinBarrier:
-    """Per generation: the members expected to join, those that reported `joining`, the verdict."""
+    """Per generation: the members expected to join, those that reported `joining`, the verdict;
+    `seen`: the devices that reported `joining` any generation (the controller forgets a device
+    when it spawns a fresh process for it)."""
 
     def __init__(self) -> None:
         self.expected: dict[int, set[int]] = {}
         self.arrived: dict[int, set[int]] = {}
         self.verdict: dict[int, Gate] = {}
+        self.seen: set[int] = set()
 
     def open(self, generation: int, members) -> None:
         self.expected[generation] = set(members)
@@ -145,6 +148,7 @@ class JoinBarrier:
 
     def arrive(self, generation: int, device: int) -> None:
         self.arrived.setdefault(generation, set()).add(device)
+        self.seen.add(device)
 
     def ready(self, generation: int) -> bool:
         """Every expected member arrived and no verdict was given yet: time to write `go`."""

@@ -1,7 +1,9 @@
-"""Local process helpers of the control plane (torch-free, Linux): is a pid running, watch one, kill one.
+"""Local process helpers of the control plane (torch-free, Linux): is a pid running, watch one, kill one
+or a whole tree.
 
 A member watches its agent and an agent its controller (`watch`), so that no process outlives the
-one that started it; `alive` is the tests' orphan check.
+one that started it; `alive` is the tests' orphan check; `kill_tree` ends an agent that does not
+answer together with its forkserver and members.
 """
 
 from __future__ import annotations
@@ -47,3 +49,29 @@ def kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (children, their children, ...), from `/proc`'s parent links."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for kid in children.get(todo.pop(), []):
+            out.append(kid)
+            todo.append(kid)
+    return out
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL `pid` and every process below it (found first: a killed parent's children are
+    adopted elsewhere and no longer look like its own)."""
+    for p in [pid, *descendants(pid)]:
+        kill(p)

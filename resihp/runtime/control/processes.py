@@ -102,7 +102,7 @@ class Processes:
         who = [f"worker of device {d}" for d in late] + [f"agent of node {n}" for n in agents.unstarted(now)]
         if who:
             raise WorkerFailed(
-                "\n".join(f"{w} sent no heartbeat within {self.start_timeout_s:g} s" for w in who),
+                "; ".join(f"{w} sent no heartbeat within {self.start_timeout_s:g} s" for w in who),
                 late,
                 agents.pids,
             )
@@ -110,16 +110,21 @@ class Processes:
     def fail(self, errors: dict[int, str]) -> None:
         """Raise WorkerFailed blaming, first, members that died without a word (the likely root
         cause: their peers' collectives then fail with "connection closed"), then those that
-        raised; it first waits 1 s for the other consequences of one failure to arrive."""
+        raised; it first waits 1 s for the other consequences of one failure to arrive. The first
+        line of the message names every member blamed; the tracebacks follow."""
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:
             self.inbox.drain(0.1)
         errors.update({m.device: m.traceback for m in self.inbox.pending if m.kind is Kind.ERROR})
         code = self.agents.exitcode
         dead = [d for d in sorted(self.agents.code) if d not in self.done and d not in errors and code(d)]
-        lines = [f"worker of device {d} died (exit code {code(d)})" for d in dead]
-        lines += [f"worker of device {d} failed:\n{tb}" for d, tb in sorted(errors.items())]
-        raise WorkerFailed("\n".join(lines), dead + sorted(errors), self.agents.pids)
+        heads = [f"worker of device {d} died (exit code {code(d)})" for d in dead]
+        heads += [f"worker of device {d} failed ({_last_line(tb)})" for d, tb in sorted(errors.items())]
+        tracebacks = [
+            f"worker of device {d}:\n{tb}" for d, tb in sorted(errors.items()) if "\n" in tb.strip()
+        ]
+        message = "\n".join(["; ".join(heads), *tracebacks])
+        raise WorkerFailed(message, dead + sorted(errors), self.agents.pids)
 
     def close(self, grace_s: float) -> None:
         """Shut the agents down (their members get `grace_s` to exit by themselves), read their last
@@ -127,3 +132,9 @@ class Processes:
         self.agents.shutdown(grace_s)
         self.inbox.drain()
         self.agents.fence()
+
+
+def _last_line(text: str) -> str:
+    """The last non-empty line of `text` (of a traceback: the exception)."""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "?"

@@ -20,6 +20,7 @@ import multiprocessing as mp
 import queue as queue_mod
 
 from .protocol import decode, encode
+from .signals import quiet_resource_tracker
 
 
 class Channel:
@@ -59,6 +60,7 @@ class Transport:
 
     def __init__(self) -> None:
         self.ctx = mp.get_context("spawn")  # a fresh interpreter: an agent never imports torch
+        quiet_resource_tracker()  # it unlinks the queues' semaphores if we are killed, silently
 
     def channel(self) -> Channel:
         return Channel(self.ctx.Queue())
