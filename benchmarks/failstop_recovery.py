@@ -21,7 +21,16 @@ import tempfile
 from resihp.runtime.config import TrainConfig
 from resihp.runtime.train import run_training
 
-KEYS = ("kill_to_commit_s", "detect_s", "plan_s", "teardown_s", "group_s", "transfer_s", "build_s")
+KEYS = (
+    "kill_to_commit_s",
+    "detect_s",
+    "quiesce_s",
+    "plan_s",
+    "teardown_s",
+    "group_s",
+    "transfer_s",
+    "build_s",
+)
 
 
 FAULTS = {

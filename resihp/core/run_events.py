@@ -7,7 +7,7 @@ Plans are read in their JSON form (`Plan.to_dict`), events as the runtime makes 
 
 from __future__ import annotations
 
-RECOVERY_PARTS = ("detect_s", "plan_s", "teardown_s", "group_s", "transfer_s", "build_s")
+RECOVERY_PARTS = ("detect_s", "quiesce_s", "plan_s", "teardown_s", "group_s", "transfer_s", "build_s")
 
 
 def layout(plan: dict) -> str:

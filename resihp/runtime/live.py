@@ -84,7 +84,8 @@ class Progress:
         if self._rich is not None:
             from rich.text import Text
 
-            text = Text(f"{kind:<13}", style=STYLES.get(kind, "bold"))
+            text = Text()
+            text.append(f"{kind:<13}", style=STYLES.get(kind, "bold"))
             text.append(f" iter {event['iter']}: ", style="dim")
             text.append(words)
             self._rich.console.print(text)

@@ -79,8 +79,9 @@ def test_fail_stop_of_a_tp_member_recovers_without_restart(tmp_path, check_state
 
 def test_loss_of_a_whole_stage_is_served_by_the_other_replica(tmp_path, check_state):
     """Both TP members of replica 1's last stage (devices 6, 7) stop at iteration 1 while the link
-    1-3 is slow: the resihp policy makes that stage hollow and migrates its micro-batches to replica
-    0's (same global batch), and the losses still equal the reference."""
+    1-3 is slow: one failure, one replan without them, in which the resihp policy makes that stage
+    hollow and migrates its micro-batches to replica 0's (same global batch); the losses still
+    equal the reference."""
     faults = tmp_path / "faults.toml"
     faults.write_text(
         "[[faults]]\nkind = 'stop'\ndevice = 6\nat_iter = 1\n"
@@ -97,10 +98,14 @@ def test_loss_of_a_whole_stage_is_served_by_the_other_replica(tmp_path, check_st
     assert [row["iter"] for row in res["iterations"]] == [0, 1, 2]
     assert [row["loss"] for row in res["iterations"]] == pytest.approx(ref_losses, rel=1e-4)
     assert all(row["samples"] == 4 for row in res["iterations"])
-    stops = sorted(d for e in res["events"] if e["kind"] == "fail-stop" for d in e["devices"])
-    assert stops == [6, 7]
+    # One failure, one replan: the controller replans only once every survivor reported its abort,
+    # and devices 6 and 7 never report (they die), so both deaths precede the one replan however
+    # late the machine's load makes the second one (`failover.at_rest`).
+    kinds = [(e["kind"], e.get("devices")) for e in res["events"] if e["kind"] in ("fail-stop", "replan")]
+    assert sorted(kinds[:2]) == [("fail-stop", [6]), ("fail-stop", [7])] and len(kinds) == 3
     replan = next(e for e in res["events"] if e["kind"] == "replan")
-    assert replan["reason"].startswith("resihp") and 6 not in replan["devices"] and 7 not in replan["devices"]
+    assert replan["reason"].startswith("resihp") and set(replan["devices"]) == {0, 1, 2, 3, 4, 5}
+    assert [row["generation"] for row in res["iterations"]] == [0, 1, 1]
     final = res["plans"][-1]
     assert final["microbatches"] == [2, 2] and final["assignment"]
     check_state(res, ref_state, config.lr)

@@ -72,8 +72,8 @@ def agent_main(
 ) -> None:  # fmt: skip
     """The agent process of `node` (non-daemonic: it has children); runs until `Shutdown`.
     `beats`: its members' heartbeat channel (made by the controller, so that a killed agent leaks
-    nothing). SIGINT is ignored here and in the members (`signals.shield`): the controller stops
-    them; members log torch's C++ messages from ERROR up (`signals.quiet_children`)."""
+    nothing). SIGINT and SIGTERM are ignored here and in the members (`signals.shield`): the
+    controller stops them; members log torch's C++ messages from ERROR up (`signals.quiet_children`)."""
     shield()
     quiet_children()  # before the forkserver (and torch in it) starts
     ctx = mp.get_context("forkserver")

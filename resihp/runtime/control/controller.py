@@ -186,8 +186,9 @@ class Controller:
                     for dev in sorted(self.members):
                         self.spawn(dev, self.bodies[0])
                     while not (self.finished and self.procs.done >= self.members):
-                        signals.check()
-                        self.turn()
+                        msg = self.procs.inbox.get(0.05)
+                        signals.check()  # (a signal interrupts that wait)
+                        self.turn(msg)
                     self.procs.close(10.0)  # every member said done: let them exit
                 finally:  # (WorkerFailed carries `agents.pids`: complete once this read the last reports)
                     self.procs.close(0.0)
@@ -200,10 +201,9 @@ class Controller:
             raise
         return self.output()
 
-    def turn(self) -> None:
-        """One turn of the loop: a message, liveness verdicts, deaths, the failure's replan, the
-        abort grace, the join barrier; then the message is handled."""
-        msg = self.procs.inbox.get(0.05)
+    def turn(self, msg) -> None:
+        """One turn of the loop after its wait for a message (`msg`, or None): liveness verdicts,
+        deaths, the failure's replan, the abort grace, the join barrier; then `msg` is handled."""
         self.procs.check_alive(self.members)
         dead = self.procs.dead(self.members)
         if dead and not self.finished:

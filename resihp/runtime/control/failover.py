@@ -115,17 +115,16 @@ class Failover:
         return {d: f"{why}: {e}" for d, e in self.aborts.items()} if late else {}
 
     def replanned(self, stopping: dict[int, float], plan_s: float, generation: int) -> None:
-        """The open failure was replanned (in `plan_s`) as `generation`; `stopping`: device -> the
-        wall-clock time its member stopped (its own word, or silent since)."""
+        """The open failure was replanned (in `plan_s`, just now) as `generation`; `stopping`: device
+        -> the wall-clock time its member stopped (its own word, or silent since)."""
         f, self.open = self.open, None
         t_stop = min((stopping.get(d, f.t_detect) for d in f.dead), default=f.t_detect)
         first = t_stop if self.measured is None else min(t_stop, self.measured["t_stop"])
+        quiesce_s = time.time() - f.t_detect - plan_s  # the first death seen -> the failure at rest
         self.measured = {
-            "t_stop": first,
-            "detect_s": f.t_detect - t_stop,
-            "plan_s": plan_s,
+            "t_stop": first, "detect_s": f.t_detect - t_stop, "quiesce_s": quiesce_s, "plan_s": plan_s,
             "gen": generation,
-        }
+        }  # fmt: skip
 
     def committed(self, events: list[dict], joined: dict) -> dict | None:
         """An iteration was committed: the fail-stop event whose recovery this completes, annotated
@@ -145,6 +144,7 @@ def close_recovery(rec: dict, events: list[dict], joined: dict) -> dict:
     stop["recovery"] = {
         "kill_to_commit_s": time.time() - rec["t_stop"],
         "detect_s": rec["detect_s"],
+        "quiesce_s": rec["quiesce_s"],
         "plan_s": rec["plan_s"],
         **{
             k: max((getattr(m, k) for m in got), default=0.0)

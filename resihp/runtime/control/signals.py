@@ -1,5 +1,5 @@
 """Signals and the terminal: the controller stops on SIGINT / SIGTERM at a safe point, its children
-never see SIGINT and stay quiet when the controller dies.
+ignore both and stay quiet when the controller dies.
 
 The terminal sends SIGINT (Ctrl-C) to its whole foreground process group: the controller, every
 node agent, every agent's forkserver and every member. A KeyboardInterrupt raised in each of them at
@@ -13,9 +13,11 @@ a random point printed one traceback per process and tore the job down in no ord
 * `shielded()` (the controller, around starting an agent): SIGINT and SIGTERM are blocked while the
   child is forked and exec'd — a blocked mask is inherited across both, a Python handler is not —
   so the agent cannot be interrupted while its interpreter starts; `shield()`, the agent's first
-  act, ignores SIGINT and unblocks both. Its forkserver inherits the ignored SIGINT and restores it
-  in every member it forks. SIGTERM keeps its default action in children: sent to the whole group,
-  it ends each of them silently while the controller stops in order.
+  act, ignores both and unblocks them. Its forkserver inherits the ignored signals (an ignored
+  disposition survives exec) and every member it forks keeps them. The controller alone stops its
+  children (`Shutdown`, SIGKILL): a SIGTERM sent to the whole group (a service manager, `kill
+  -TERM -PGID`) must not kill the agents under a controller that is about to stop them in order —
+  it would see a dead node, and recover, first.
 * `quiet_children()` (an agent, before its forkserver starts): members log torch's C++ messages
   from level ERROR up (`TORCH_CPP_LOG_LEVEL`, read when torch loads; a value the user set wins).
   When the controller dies, every member's store client fails and torch printed a warning with a
@@ -82,8 +84,10 @@ def shielded():
 
 
 def shield() -> None:
-    """In a child started under `shielded`: ignore SIGINT (its parent stops it), then unblock."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """In a child started under `shielded`: ignore SIGINT and SIGTERM (its parent stops it), then
+    unblock them."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
