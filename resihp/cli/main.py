@@ -10,6 +10,7 @@ any command with one line, `resihp: interrupted` (exit 130) / `resihp: terminate
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import signal
 import sys
@@ -52,9 +53,11 @@ def _terminate(signum, frame) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    main_thread = (
-        threading.current_thread() is threading.main_thread()
-    )  # (signals reach only the main thread)
+    # The interpreter's teardown collects every object; over torch's millions (`resihp train`) that
+    # took ~1 s of a 2-core machine after the job had ended. Frozen at exit, they are skipped.
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)
+    main_thread = threading.current_thread() is threading.main_thread()  # (signals reach only it)
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         return args.run(args)
@@ -70,9 +73,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
-        # The interpreter's teardown collects every object; over torch's millions (`resihp train`)
-        # that took ~1 s of a 2-core machine's time after the job had ended. Frozen, they are skipped.
-        gc.freeze()
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ process per node (`agent.py`) spawns, watches, kills and reaps that node's membe
   agent died or went silent is fenced; either way its devices become fail-stops.
 * Fail-stop: the first death of a failure writes `ABORT` for the iteration in flight (and for a
   generation still before its rendezvous) at once; once the failure is quiescent
-  (`recovery.Failure`: every live member reported its abort or is at rest; deaths meanwhile join
-  it) the scheduler plans generation g+1 over the survivors (`reconfig.replan_after_stop`) and the
+  (`failover.Failover`: every live member reported its abort or is at rest; deaths meanwhile
+  join it) the scheduler plans generation g+1 over the survivors (`reconfig.replan_after_stop`) and the
   controller publishes it. A failed collective while no process died, or a member error, ends the
   job with `WorkerFailed` (every child reaped).
 * Join barrier: members of g start its gloo rendezvous once `go/{g}` says so (every member arrived,
@@ -170,9 +170,7 @@ class Controller:
         )  # fmt: skip
         self.barrier = JoinBarrier()
         self.barrier.open(0, self.members)
-        self.fails = Failover(
-            self.board, self.barrier
-        )  # the failure not replanned yet, the recovery measured
+        self.fails = Failover(self.board, self.barrier)  # the failure not replanned yet, recoveries
         self.joined_devs: dict[int, set[int]] = {}  # generation -> members that completed its join
         self.bodies: dict[int, Generation] = {0: body0}
 
@@ -203,21 +201,22 @@ class Controller:
 
     def turn(self, msg) -> None:
         """One turn of the loop after its wait for a message (`msg`, or None): liveness verdicts,
-        deaths, the failure's replan, the abort grace, the join barrier; then `msg` is handled."""
+        deaths, the abort grace, the join barrier; `msg` is handled; then the open failure is
+        replanned if that made it quiescent (the last `Abort` in: no wait for the next turn)."""
         self.procs.check_alive(self.members)
         dead = self.procs.dead(self.members)
         if dead and not self.finished:
             self.lose(dead)
         elif dead:
             self.procs.fail({})
-        if self.fails.open is not None and self.fails.quiescent(self.members, self.plans, self.joined_devs):
-            self.recover()
         stray = self.fails.unexplained()
         if stray:
             self.procs.fail(stray)
         self.release()
         if msg is not None:
             self.procs.dispatch(msg)
+        if self.fails.open is not None and self.fails.quiescent(self.members, self.plans, self.joined_devs):
+            self.recover()
 
     def output(self) -> dict:
         """What `launch_elastic` returns (also what a stopped job had: `WorkerFailed.output`)."""
