@@ -12,6 +12,7 @@ kept, what to do — and exits 2 when it failed, 130 on SIGINT, 143 on SIGTERM.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from collections import Counter
 
@@ -132,7 +133,7 @@ def stopped(stop, json_out: str | None) -> int:
     else:
         kept += " (not kept: no --json)"
     if isinstance(stop, Interrupted):
-        line = {2: "interrupted", 15: "terminated"}.get(stop.signum, f"stopped by signal {stop.signum}")
+        line = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}[stop.signum]
         rest, code = [], 128 + stop.signum
     else:
         line, *rest = str(stop).splitlines()

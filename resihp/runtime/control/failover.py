@@ -29,11 +29,10 @@ ABORT_GRACE_S = 5.0  # a reported collective failure with no dead process after 
 
 @dataclass
 class Failure:
-    """A failure not replanned yet: generation `generation` lost `dead` (in order) while iteration
-    `it` was in flight; `t_detect`: wall-clock time the controller saw the first death."""
+    """A failure not replanned yet: generation `generation` lost `dead` (in order); `t_detect`:
+    wall-clock time the controller saw the first death."""
 
     generation: int
-    it: int
     t_detect: float
     dead: list[int] = field(default_factory=list)
 
@@ -51,8 +50,9 @@ def at_rest(
       standby member (not in `plan_devices`) that completed its join (`joined`), after which it does
       nothing in the generation.
 
-    A member neither dead nor at rest is on its way to its abort (milliseconds), about to die too,
-    or hung (its heartbeat timeout kills it)."""
+    A member neither dead nor at rest is on its way to its abort (the rest of its compute up to a
+    collective or its STEP: 0.15-0.25 s on the default job), about to die too, or hung (its
+    heartbeat timeout kills it)."""
     rest = set(arrived) | set(starting) if gated_off else set(aborted) | (set(joined) - set(plan_devices))
     return set(members) <= rest
 
@@ -78,7 +78,7 @@ class Failover:
         the decision on `it`."""
         opens = self.open is None
         if opens:
-            self.open = Failure(generation, it, time.time())
+            self.open = Failure(generation, time.time())
             self.aborts, self.abort_since = {}, None
             for g in self.barrier.supersede(generation + 1):  # generations still before their rendezvous
                 self.board.gate(g, Gate.ABORT)
