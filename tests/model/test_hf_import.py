@@ -16,6 +16,7 @@ from resihp.model import build_stage, full_shape, slice_tensor, stage_param_name
 transformers = pytest.importorskip("transformers")
 safetensors = pytest.importorskip("safetensors")
 hf = importlib.import_module("resihp.model.hf")
+importlib.import_module("safetensors.torch")
 
 
 @pytest.fixture(scope="module")
@@ -175,3 +176,47 @@ def test_preset_export_is_a_llama_transformers_runs(tmp_path):
         with torch.no_grad():
             got = build_stage(spec, state=state)(ids, torch.zeros_like(ids), torch.arange(40))
             torch.testing.assert_close(got, loaded(ids[None]).logits[0], atol=1e-5, rtol=0)
+
+
+def test_sharded_index_and_bf16_weights_are_read(tmp_path):
+    """A directory saved in several files with model.safetensors.index.json, and one in bf16,
+    read into the same shards as the single fp32 file (bf16 values widened exactly)."""
+    one, many, half = tmp_path / "one", tmp_path / "many", tmp_path / "half"
+    model = make_hf_model("llama", one, seed=5)
+    model.save_pretrained(str(many), max_shard_size="60KB")
+    assert (many / "model.safetensors.index.json").exists()
+    assert len(list(many.glob("*.safetensors"))) > 1
+    model.to(torch.bfloat16).save_pretrained(str(half))
+    spec = _import(one)
+    st = _plan(spec).replicas[0][1]
+    for r in range(st.tp):
+        want = hf.read_shard(str(one), spec, st.layers, st.tp_split, st.ffn_split, r)
+        got = hf.read_shard(str(many), spec, st.layers, st.tp_split, st.ffn_split, r)
+        low = hf.read_shard(str(half), spec, st.layers, st.tp_split, st.ffn_split, r)
+        assert all(torch.equal(got[n], want[n]) for n in want)
+        assert all(low[n].dtype == torch.float32 for n in low)
+        assert all(torch.equal(low[n], want[n].to(torch.bfloat16).float()) for n in want)
+
+
+def test_weights_are_checked_against_the_config(models, tmp_path):
+    """Headers only: a missing tensor or one of another shape is named before any worker starts;
+    a directory without weights has none (random start)."""
+    directory, _ = models["mistral"]
+    spec = _import(directory)
+    assert hf.check_weights(str(directory), spec)
+    tensors = safetensors.torch.load_file(str(directory / "model.safetensors"))
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((directory / "config.json").read_text())
+    del tensors["model.layers.2.mlp.up_proj.weight"]
+    safetensors.torch.save_file(tensors, str(broken / "model.safetensors"))
+    with pytest.raises(ValueError, match="no tensor model.layers.2.mlp.up_proj.weight"):
+        hf.check_weights(str(broken), spec)
+    tensors["model.layers.2.mlp.up_proj.weight"] = torch.zeros(95, 64)
+    safetensors.torch.save_file(tensors, str(broken / "model.safetensors"))
+    with pytest.raises(
+        ValueError, match=r"up_proj.weight has shape \[95, 64\]; config.json implies \[96, 64\]"
+    ):
+        hf.check_weights(str(broken), spec)
+    (broken / "model.safetensors").unlink()
+    assert not hf.check_weights(str(broken), spec)

@@ -154,3 +154,29 @@ def test_config_keys(tmp_path):
     cfg = TrainConfig.from_dict({"data": {"path": str(data), "eos_id": 0}})
     with pytest.raises(ValueError, match="token id 300 .* vocabulary of 256"):
         cfg.check_paths()
+
+
+def test_model_hf_directory_keys(tmp_path):
+    """`[model] hf` reads the config (checked against parallel.seq_len); its weights are used when
+    the directory has some and `hf_weights` is on; a vocabulary below the byte corpus' is refused."""
+    import json
+
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    d = tmp_path / "m"
+    d.mkdir()
+    cfg = {"architectures": ["MistralForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
+           "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 320,
+           "sliding_window": 128}  # fmt: skip
+    (d / "config.json").write_text(json.dumps(cfg))
+    config = TrainConfig.from_dict({"model": {"hf": str(d)}})
+    assert config.spec.name == "m" and config.spec.kv_heads == 2 and config.weights_dir() is None
+    safetensors_torch.save_file({"model.norm.weight": torch.ones(64)}, str(d / "model.safetensors"))
+    assert config.weights_dir() == str(d)
+    assert TrainConfig.from_dict({"model": {"hf": str(d), "hf_weights": False}}).weights_dir() is None
+    with pytest.raises(ValueError, match="sliding_window = 128 .* parallel.seq_len = 256"):
+        TrainConfig.from_dict({"model": {"hf": str(d)}, "parallel": {"seq_len": 256}})
+    (d / "config.json").write_text(json.dumps({**cfg, "vocab_size": 200}))
+    with pytest.raises(ValueError, match=r"vocabulary \(200\) does not cover the byte tokens"):
+        TrainConfig.from_dict({"model": {"hf": str(d)}})
+    with pytest.raises(ValueError, match="model.hf_weights = 'yes'"):
+        TrainConfig.from_dict({"model": {"hf": str(d), "hf_weights": "yes"}, "data": {}})
