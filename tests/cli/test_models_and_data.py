@@ -214,3 +214,33 @@ def _toml(raw: dict) -> str:
         for k, v in body.items():
             lines.append(f"{k} = {v!r}" if not isinstance(v, bool) else f"{k} = {str(v).lower()}")
     return "\n".join(lines).replace("'", '"') + "\n"
+
+
+def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
+    """`export` without a checkpoint, `tokenize` with a missing tokenizer, one without a known
+    end-of-document token, or an id outside its vocabulary: exit 2, one line naming the input."""
+    import numpy as np
+
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    plain = str(tmp_path / "plain.json")
+    tok.save(plain)
+    text = tmp_path / "t.txt"
+    text.write_text("a b a")
+    out = str(tmp_path / "o.bin")
+    tokenize = ["data", "tokenize", "--out", out, str(text), "--tokenizer"]
+    cases = [
+        (["export", str(tmp_path), "--hf", str(tmp_path / "x")], "no complete checkpoint"),
+        (tokenize + [str(tmp_path / "none.json")], "no such file"),
+        (tokenize + [plain], "give --eos-id"),
+        (tokenize + [plain, "--eos-id", "3"], "--eos-id 3: outside the tokenizer's vocabulary of 3"),
+        (tokenize + [str(text)], "not a tokenizer.json"),
+    ]
+    for argv, match in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert match in err and len(err.splitlines()) == 1, err
+    assert not os.path.exists(out)
+    twice = ["data", "tokenize", "--tokenizer", plain, "--out", out, "--eos-id", "2", str(text), str(text)]
+    assert main(twice) == 0  # one document per file
+    assert np.fromfile(out, dtype=np.uint16).tolist() == [0, 1, 0, 2, 0, 1, 0, 2]
