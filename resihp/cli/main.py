@@ -1,4 +1,4 @@
-"""`resihp` entry point: subcommands demo, plan, simulate, policies, detect and train.
+"""`resihp` entry point: subcommands demo, plan, simulate, policies, detect, train, export, data.
 
 User errors (bad scenario keys, impossible values, unknown policies) print one line naming the
 key, the value and what is allowed, and exit with status 2; no traceback. SIGINT and SIGTERM end
@@ -18,7 +18,7 @@ import threading
 
 from resihp.sched.registry import POLICIES, describe
 
-from . import demo_cmd, detect_cmd, plan_cmd, report_cmd, simulate_cmd, train_cmd
+from . import data_cmd, demo_cmd, detect_cmd, export_cmd, plan_cmd, report_cmd, simulate_cmd, train_cmd
 
 
 def _policies(args) -> int:
@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("policies", help="list the policy names, one line each").set_defaults(run=_policies)
     detect_cmd.add_parser(sub)
     train_cmd.add_parser(sub)
+    export_cmd.add_parser(sub)
+    data_cmd.add_parser(sub)
     return parser
 
 

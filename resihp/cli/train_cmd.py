@@ -72,9 +72,13 @@ def run(args) -> int:
         f"r{d}s{i}: dev {list(st.devices)} layers {st.layers[0]}-{st.layers[1] - 1}"
         for d, r in enumerate(plan.replicas) for i, st in enumerate(r)
     )  # fmt: skip
-    print(f"resihp train: {config.model} on {config.workers} CPU workers, tp {config.tp} pp {config.pp} "
+    model = config.model if config.hf is None else f"{config.spec.name} (model.hf {config.hf})"
+    print(f"resihp train: {model} on {config.workers} CPU workers, tp {config.tp} pp {config.pp} "
           f"dp {config.dp}, {config.schedule}, {config.iterations} iterations")  # fmt: skip
     print(f"  plan: {stages}")
+    weights = config.weights_dir()
+    data = config.data_path or f"workload.lengths = {config.lengths}"
+    print(f"  weights: {weights or f'random (run.seed {config.seed})'}; data: {data}")
     from resihp.runtime.job import Interrupted, WorkerFailed
 
     try:

@@ -1,17 +1,56 @@
-"""Model architecture numbers (LLaMA / Qwen family): the only model facts planning needs.
+"""Model architecture numbers (LLaMA / Qwen / Mistral family): the model facts planning and the
+torch model need.
 
 Presets follow cost-model.md §7 (released configs). Tiny presets are real, trainable shapes for
-the CPU runtime; the same object drives the cost model and the torch model.
+the CPU runtime; the same object drives the cost model and the torch model. A Hugging Face
+`config.json` becomes a ModelSpec through `core.hf_config`; the numerical fields below (RoPE base
+and scaling, RMSNorm epsilon, tied embeddings, q/k/v bias) are exactly the ones those
+architectures vary, so one spec computes the same function as `transformers` does.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1's RoPE frequency scaling (`rope_type = "llama3"`): wavelengths longer than
+    `original_max_position_embeddings / low_freq_factor` are stretched by `factor`, shorter than
+    `... / high_freq_factor` kept, and the band between interpolated smoothly (`model.layers`)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+    def __post_init__(self) -> None:
+        for key in ("factor", "low_freq_factor", "high_freq_factor"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < math.inf:
+                raise ValueError(f"rope_scaling.{key} = {v!r}: must be a number > 0")
+        if not self.high_freq_factor > self.low_freq_factor:
+            raise ValueError(
+                f"rope_scaling.high_freq_factor = {self.high_freq_factor!r}: must exceed "
+                f"low_freq_factor = {self.low_freq_factor!r}"
+            )
+        v = self.original_max_position_embeddings
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(
+                f"rope_scaling.original_max_position_embeddings = {v!r}: must be a positive integer"
+            )
+
+
+@dataclass(frozen=True)
 class ModelSpec:
-    """A decoder-only transformer with RMSNorm, RoPE, SwiGLU and untied embeddings."""
+    """A decoder-only transformer with RMSNorm, RoPE and SwiGLU.
+
+    `tie_word_embeddings`: the LM head is the embedding matrix. The runtime still holds it twice
+    when the first and last layers live on different stages (Megatron's scheme: the two copies
+    start equal and their gradients are summed before every step, so they stay bitwise equal);
+    memory and FLOPs are therefore those of the untied model, which is what `cost` counts.
+    """
 
     name: str
     num_layers: int
@@ -21,6 +60,10 @@ class ModelSpec:
     ffn: int
     vocab: int
     qkv_bias: bool = False
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
 
     def __post_init__(self) -> None:
         for key in ("num_layers", "hidden", "heads", "kv_heads", "ffn", "vocab"):
@@ -31,6 +74,15 @@ class ModelSpec:
             raise ValueError(f"model.hidden = {self.hidden}: must be divisible by model.heads = {self.heads}")
         if self.heads % self.kv_heads:
             raise ValueError(f"model.kv_heads = {self.kv_heads}: must divide model.heads = {self.heads}")
+        for key in ("rope_theta", "rms_norm_eps"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < math.inf:
+                raise ValueError(f"model.{key} = {v!r}: must be a number > 0")
+        for key in ("qkv_bias", "tie_word_embeddings"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"model.{key} = {getattr(self, key)!r}: must be true or false")
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise ValueError(f"model.rope_scaling = {self.rope_scaling!r}: must be a RopeScaling or None")
 
     @property
     def head_dim(self) -> int:

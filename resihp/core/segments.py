@@ -79,3 +79,13 @@ def grad_segments(plan: Plan) -> tuple[GradSegment, ...]:
                 stages.append(replica[i])
         out.append(GradSegment((lo, hi), tuple(groups), tuple(stages), lo == 0, hi == last))
     return tuple(out)
+
+
+def tied_embedding_devices(plan: Plan) -> tuple[int, ...]:
+    """With tied embeddings: every device holding the embedding or the LM head, sorted (empty
+    otherwise). Their sum at STEP — the first holder of each contributing, TP rank 0 — gives both
+    copies the full gradient, embedding use plus LM head use, so the copies stay equal."""
+    if not plan.model.tie_word_embeddings:
+        return ()
+    segments = grad_segments(plan)
+    return tuple(sorted(set(segments[0].devices) | set(segments[-1].devices)))

@@ -26,8 +26,11 @@ def init_tensor(spec: ModelSpec, name: str, seed: int) -> torch.Tensor:
     """Tensor `name` of the full model: norms 1, biases 0, matrices N(0, 0.02²).
 
     Output projections (`attn.wo`, `mlp.w_down`) use std 0.02 / sqrt(2 · num_layers) so that the
-    residual stream's variance does not grow with depth (GPT-2 scheme).
+    residual stream's variance does not grow with depth (GPT-2 scheme). With tied embeddings the
+    LM head is drawn as the embedding (its generator is the embedding's): the two copies start equal.
     """
+    if spec.tie_word_embeddings and name == "lm_head.weight":
+        name = "embed.weight"
     shape = full_shape(spec, name)
     if name.endswith("norm.weight"):
         return torch.ones(shape)

@@ -20,17 +20,18 @@ within a segment (a document piece); RoPE positions restart at 0 at every segmen
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from resihp.core.model_spec import ModelSpec
+from resihp.core.model_spec import ModelSpec, RopeScaling
 
 from .sharding import ffn_range, head_range, kv_range
 
-ROPE_THETA = 10000.0
+ROPE_THETA = 10000.0  # the defaults of ModelSpec (rope_theta, rms_norm_eps)
 RMS_EPS = 1e-5
 
 
@@ -51,9 +52,36 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = RMS_EPS) -> tor
     return weight * (x * torch.rsqrt(var + eps))  # (N, h)
 
 
-def rope_tables(positions: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_inv_freq(
+    head_dim: int, theta: float = ROPE_THETA, scaling: RopeScaling | None = None
+) -> torch.Tensor:
+    """RoPE's (head_dim/2,) inverse frequencies theta^(-2i/d), with Llama 3.1's scaling when given.
+
+    Computed with the same fp32 operations, in the same order, as `transformers`'
+    `_compute_default_rope_parameters` / `_compute_llama3_parameters`, so that imported models give
+    its logits to the last bits: a long-wavelength band divided by `factor`, a short one kept, the
+    band between blended by `smooth = (L_orig / wavelen - low) / (high - low)`.
+    """
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim  # (hd/2,)
+    inv_freq = 1.0 / (theta**exponent)  # (hd/2,)
+    if scaling is None:
+        return inv_freq
+    factor, low, high = scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor
+    old = scaling.original_max_position_embeddings
+    low_wavelen, high_wavelen = old / low, old / high
+    wavelen = 2 * math.pi / inv_freq  # (hd/2,)
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)  # (hd/2,)
+    smooth = (old / wavelen - low) / (high - low)  # (hd/2,)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled  # (hd/2,)
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)  # (hd/2,) bool
+    return torch.where(medium, smoothed, scaled)  # (hd/2,)
+
+
+def rope_tables(
+    positions: torch.Tensor, head_dim: int, theta: float = ROPE_THETA, scaling: RopeScaling | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables (N, head_dim) for the half-split (`rotate_half`) RoPE convention."""
-    inv_freq = 1.0 / ROPE_THETA ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (hd/2,)
+    inv_freq = rope_inv_freq(head_dim, theta, scaling).to(positions.device)  # (hd/2,)
     freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (N, hd/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (N, hd)
     return emb.cos(), emb.sin()
@@ -131,16 +159,17 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, spec: ModelSpec, tp_split, ffn_split, rank: int) -> None:
         super().__init__()
+        self.eps = spec.rms_norm_eps
         self.attn_norm = Weight(spec.hidden)
         self.attn = Attention(spec, tp_split, rank)
         self.mlp_norm = Weight(spec.hidden)
         self.mlp = MLP(spec, ffn_split, rank)
 
     def attn_branch(self, x, cos, sin, mask) -> torch.Tensor:
-        return self.attn(rms_norm(x, self.attn_norm.weight), cos, sin, mask)  # (N, h) partial
+        return self.attn(rms_norm(x, self.attn_norm.weight, self.eps), cos, sin, mask)  # (N, h) partial
 
     def mlp_branch(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mlp(rms_norm(x, self.mlp_norm.weight))  # (N, h) partial
+        return self.mlp(rms_norm(x, self.mlp_norm.weight, self.eps))  # (N, h) partial
 
     def forward(
         self,

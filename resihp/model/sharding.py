@@ -151,6 +151,35 @@ def _index(spec, name, tp_split, ffn_split, rank) -> tuple[int, int, int] | None
     return dim, a, b
 
 
+def shard_range(spec: ModelSpec, name: str, tp_split, ffn_split, rank: int) -> tuple[int, int, int] | None:
+    """(dim, start, stop) of shard `rank` of tensor `name` in the full tensor; None: a full copy."""
+    tp_split, ffn_split = normalize_split(spec, tp_split, ffn_split)
+    return _index(spec, name, tp_split, ffn_split, rank)
+
+
+def owned_sq_sum(
+    spec: ModelSpec, name: str, shard: torch.Tensor, tp_split, ffn_split, rank: int
+) -> torch.Tensor:
+    """Sum of squares of the elements of `shard` that TP rank `rank` owns alone: the ranks of a
+    stage partition each full tensor this way, so the sum over ranks counts every element once.
+
+    Sharded query / FFN rows and columns belong to their only holder; a kv head held by several
+    shards (its query group straddles them) to the lowest; a replicated tensor (norms, embedding,
+    LM head) to rank 0. Used for the global gradient norm (`exec/optim.py`).
+    """
+    tp_split, ffn_split = normalize_split(spec, tp_split, ffn_split)
+    rule = _rule(name)
+    if rule is None:
+        return shard.pow(2).sum() if rank == 0 else shard.new_zeros(())
+    dim, by = rule
+    if by == "kv" and rank > 0:
+        k0, k1 = kv_range(spec, tp_split, rank)
+        first = max(k0, kv_range(spec, tp_split, rank - 1)[1])  # lower ranks hold kv heads < this
+        hd = spec.head_dim
+        shard = shard.narrow(dim, (first - k0) * hd, (k1 - first) * hd)
+    return shard.pow(2).sum()
+
+
 def slice_tensor(
     spec: ModelSpec, name: str, full: torch.Tensor, tp_split, ffn_split, rank: int
 ) -> torch.Tensor:

@@ -69,12 +69,13 @@ class StageModel(nn.Module):
         """
         if self.is_first:
             x = self.embed.weight[x]  # (N, h)
-        cos, sin = rope_tables(positions, self.spec.head_dim)  # (N, hd) each
+        spec = self.spec
+        cos, sin = rope_tables(positions, spec.head_dim, spec.rope_theta, spec.rope_scaling)  # (N, hd) each
         mask = segment_mask(segment_ids)  # (N, N)
         for layer in self.layers.values():
             x = layer(x, cos, sin, mask, enter=enter, reduce=reduce)  # (N, h)
         if self.is_last:
-            x = rms_norm(x, self.norm.weight)  # (N, h)
+            x = rms_norm(x, self.norm.weight, spec.rms_norm_eps)  # (N, h)
             x = x @ self.lm_head.weight.t()  # (N, vocab)
         return x
 
@@ -88,14 +89,19 @@ def build_stage(
     *,
     seed: int | None = None,
     state: Mapping[str, torch.Tensor] | None = None,
+    shard: Mapping[str, torch.Tensor] | None = None,
 ) -> StageModel:
-    """A stage initialised from a full state dict, or from `init_state(spec, seed)` (only its tensors).
+    """A stage initialised from a full state dict, from this rank's own `shard` tensors (already
+    sliced, e.g. `hf.read_shard`), or from `init_state(spec, seed)` (only its tensors).
 
-    `layers=None` means the whole model; pass exactly one of `seed` and `state`.
+    `layers=None` means the whole model; pass exactly one of `seed`, `state` and `shard`.
     """
-    if (seed is None) == (state is None):
-        raise ValueError("build_stage: pass exactly one of seed= and state=")
+    if sum(x is not None for x in (seed, state, shard)) != 1:
+        raise ValueError("build_stage: pass exactly one of seed=, state= and shard=")
     stage = StageModel(spec, layers or (0, spec.num_layers), tp_split, ffn_split, tp_rank)
+    if shard is not None:
+        stage.load_state_dict(dict(shard), strict=True)
+        return stage
     if state is None:
         state = init_state(spec, seed, stage.param_names())
     stage.load_full_state(state)

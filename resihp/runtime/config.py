@@ -3,7 +3,9 @@
 TOML layout (every key optional; defaults = the embedded default job):
 
     [model]
-    preset = "tiny"              # resihp.core.model_spec presets
+    preset = "tiny"              # resihp.core.model_spec presets; or:
+    hf = "DIR"                   # a local Hugging Face model directory (config.json, *.safetensors)
+    hf_weights = true            # read DIR's weights (false: random weights of its shape, run.seed)
     [parallel]
     tp = 2
     pp = 2
@@ -15,9 +17,20 @@ TOML layout (every key optional; defaults = the embedded default job):
     [workload]
     lengths = "pystdlib"         # the embedded corpus; or fixed / c4 / github / ... (synthetic bytes)
     seed = 0
+    [data]                       # a tokenized dataset instead of [workload] lengths
+    path = "FILE.bin"            # flat token ids (`resihp data tokenize` writes one)
+    dtype = "uint16"             # uint16 | uint32
+    eos_id = 2                   # the id ending every document (required with path)
     [optim]
     lr = 3e-3
     weight_decay = 0.1
+    betas = [0.9, 0.95]
+    eps = 1e-8
+    warmup_iters = 0             # linear warm-up to lr over the first N iterations
+    schedule = "constant"        # constant | cosine (to min_lr at decay_iters, default run.iterations)
+    min_lr = 0.0
+    decay_iters = 150
+    grad_clip = 0.0              # max global gradient L2 norm (0: off)
     [run]
     iterations = 150
     seed = 0                     # model initialisation
@@ -47,12 +60,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field, fields
+from functools import cached_property
 
 from resihp.core.faults import FaultSpec, check_faults
 from resihp.core.files import check_dir, check_input, check_outputs, read_toml
+from resihp.core.hf_config import CONFIG, read_config, spec_from_config, weight_files
 from resihp.core.model_spec import ModelSpec, model_preset
 from resihp.core.plan import SCHEDULES, Plan
-from resihp.core.workload import LENGTH_KINDS, Workload
+from resihp.core.tokens import TokenFile
+from resihp.core.workload import FILE, LENGTH_KINDS, Workload
 from resihp.sched.base import Policy
 from resihp.sched.registry import build_policy
 
@@ -66,10 +82,21 @@ P2P_MODES = ("root", "chunked")
 
 # TOML section -> {key in the file: dataclass field}
 SECTIONS: dict[str, dict[str, str]] = {
-    "model": {"preset": "model"},
+    "model": {"preset": "model", "hf": "hf", "hf_weights": "hf_weights"},
     "parallel": {k: k for k in ("tp", "pp", "dp", "schedule", "microbatches", "seq_len", "p2p")},
     "workload": {"lengths": "lengths", "seed": "data_seed"},
-    "optim": {"lr": "lr", "weight_decay": "weight_decay"},
+    "data": {"path": "data_path", "dtype": "data_dtype", "eos_id": "eos_id"},
+    "optim": {
+        "lr": "lr",
+        "weight_decay": "weight_decay",
+        "betas": "betas",
+        "eps": "eps",
+        "warmup_iters": "warmup_iters",
+        "schedule": "lr_schedule",
+        "min_lr": "min_lr",
+        "decay_iters": "decay_iters",
+        "grad_clip": "grad_clip",
+    },
     "run": {
         "iterations": "iterations",
         "seed": "seed",
@@ -94,6 +121,8 @@ _WHERE["policy_options"] = "policy"
 @dataclass(frozen=True)
 class TrainConfig:
     model: str = "tiny"
+    hf: str | None = None  # a Hugging Face model directory; replaces the preset
+    hf_weights: bool = True
     tp: int = 2
     pp: int = 2
     dp: int = 2
@@ -103,8 +132,18 @@ class TrainConfig:
     p2p: str = "root"
     lengths: str = "pystdlib"
     data_seed: int = 0
+    data_path: str | None = None
+    data_dtype: str = "uint16"
+    eos_id: int | None = None
     lr: float = 3e-3
     weight_decay: float = 0.1
+    betas: tuple[float, float] = OptimConfig.betas
+    eps: float = OptimConfig.eps
+    warmup_iters: int = 0
+    lr_schedule: str = "constant"
+    min_lr: float = 0.0
+    decay_iters: int | None = None  # cosine: None = run.iterations
+    grad_clip: float = 0.0
     iterations: int = 150
     seed: int = 0
     workers: int = 8
@@ -170,13 +209,55 @@ class TrainConfig:
         for name in ("lr", "weight_decay"):
             if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int | float):
                 raise ValueError(f"{_WHERE[name]} = {getattr(self, name)!r}: must be a number")
-        self.optim()  # range checks of lr / weight_decay
-        model_preset(self.model)
+        self.optim()  # range checks of every optimizer key
+        self._check_model_and_data()
+
+    def _check_model_and_data(self) -> None:
+        """[model] preset or hf, [data] or [workload] lengths, and the vocabulary they share."""
+        if self.hf is not None and not isinstance(self.hf, str):
+            raise ValueError(f"model.hf = {self.hf!r}: must be a directory path")
+        if not isinstance(self.hf_weights, bool):
+            raise ValueError(f"model.hf_weights = {self.hf_weights!r}: must be true or false")
+        spec = self.spec  # model_preset or config.json's checks
+        if self.data_path is not None:
+            if self.lengths != TrainConfig.lengths:
+                raise ValueError(f"workload.lengths = {self.lengths!r}: give it or data.path, not both")
+            if self.eos_id is None:
+                raise ValueError("data.path needs data.eos_id (the token id that ends every document)")
+            self.tokens()  # dtype and eos_id ranges
+        elif self.eos_id is not None or self.data_dtype != TrainConfig.data_dtype:
+            raise ValueError("data.dtype and data.eos_id need data.path")
+        elif spec.vocab < 256:
+            raise ValueError(
+                f"the model's vocabulary ({spec.vocab}) does not cover the byte tokens (0..255) of "
+                f"workload.lengths = {self.lengths!r}; give data.path"
+            )
 
     # ------------------------------------------------------------------ derived objects
-    @property
+    @cached_property
     def spec(self) -> ModelSpec:
-        return model_preset(self.model)
+        """The preset, or the Hugging Face directory's config.json (`core.hf_config`)."""
+        if self.hf is None:
+            return model_preset(self.model)
+        where = f"model.hf {os.path.join(self.hf, CONFIG)}"
+        name = os.path.basename(os.path.normpath(self.hf))
+        return spec_from_config(read_config(self.hf), where, self.seq_len, name=name)
+
+    def hf_config(self) -> dict | None:
+        """The imported model's config.json (None for a preset)."""
+        return None if self.hf is None else read_config(self.hf)
+
+    def weights_dir(self) -> str | None:
+        """The directory whose safetensors the workers read (None: random weights from run.seed):
+        `model.hf` when it has weights and `model.hf_weights` is on."""
+        if self.hf is None or not self.hf_weights or not weight_files(self.hf):
+            return None
+        return self.hf
+
+    def tokens(self) -> TokenFile | None:
+        if self.data_path is None:
+            return None
+        return TokenFile(self.data_path, self.data_dtype, self.eos_id)
 
     def build_policy(self) -> Policy:
         """The `[policy]` section's policy with its options; ValueError naming `policy.KEY`."""
@@ -185,9 +266,21 @@ class TrainConfig:
         return build_policy(self.policy, self.policy_options, "policy")
 
     def optim(self) -> OptimConfig:
-        return OptimConfig(lr=float(self.lr), weight_decay=float(self.weight_decay))
+        decay = self.decay_iters
+        if decay is None and self.lr_schedule == "cosine":
+            decay = self.iterations
+        if not isinstance(self.betas, list | tuple):
+            raise ValueError(f"optim.betas = {self.betas!r}: must be two numbers, each in [0, 1)")
+        return OptimConfig(
+            lr=float(self.lr), betas=tuple(self.betas), eps=self.eps, weight_decay=float(self.weight_decay),
+            warmup_iters=self.warmup_iters, schedule=self.lr_schedule, min_lr=self.min_lr,
+            decay_iters=decay, grad_clip=self.grad_clip,
+        )  # fmt: skip
 
     def workload(self) -> Workload:
+        tokens = self.tokens()
+        if tokens is not None:
+            return Workload(self.seq_len, self.microbatches, FILE, self.data_seed, tokens=tokens)
         return Workload(self.seq_len, self.microbatches, self.lengths, self.data_seed)
 
     def plan(self) -> Plan:
@@ -213,6 +306,9 @@ class TrainConfig:
         if self.checkpoint_dir is not None:
             check_dir(self.checkpoint_dir, "run.checkpoint_dir")
             check_free(self.checkpoint_dir, "run.checkpoint_dir")
+        if self.data_path is not None:
+            check_input(self.data_path, "data.path")
+            self.tokens().check(self.spec.vocab, "data.path")
 
     @classmethod
     def from_dict(cls, data: dict) -> TrainConfig:
@@ -223,6 +319,8 @@ class TrainConfig:
                 raise ValueError(f"unknown section [{sec}]; allowed: {', '.join(SECTIONS)}")
             if not isinstance(body, dict):
                 raise ValueError(f"[{sec}] must be a table")
+            if sec == "model" and "preset" in body and "hf" in body:
+                raise ValueError("model.preset and model.hf: give one of them")
             for key, value in body.items():
                 if sec == "policy" and key != "name":  # an option, checked by `build_policy`
                     kwargs.setdefault("policy_options", {})[key] = value

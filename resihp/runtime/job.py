@@ -13,24 +13,72 @@ from resihp.core.workload import Workload
 __all__ = ["Interrupted", "JobSpec", "OptimConfig", "WorkerFailed"]
 
 
+LR_SCHEDULES = ("constant", "cosine")
+
+
+def _is_number(v) -> bool:
+    return not isinstance(v, bool) and isinstance(v, int | float)
+
+
 @dataclass(frozen=True)
 class OptimConfig:
-    """AdamW hyper-parameters; weight decay applies to matrices only (not to norms or biases)."""
+    """AdamW hyper-parameters; weight decay applies to matrices only (not to norms or biases).
+
+    The learning rate of iteration k (`exec.optim.learning_rate`): linear warm-up to `lr` over the
+    first `warmup_iters` iterations, then `lr` (`schedule = "constant"`) or a cosine from `lr` down
+    to `min_lr` at iteration `decay_iters` and `min_lr` after it (`"cosine"`). `grad_clip` > 0
+    scales the gradient so that its global L2 norm — over the whole model, each element once — is
+    at most `grad_clip` (`exec.optim.clip_coefficient`); 0 turns clipping off.
+    """
 
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     weight_decay: float = 0.1
+    warmup_iters: int = 0
+    schedule: str = "constant"
+    min_lr: float = 0.0
+    decay_iters: int | None = None  # cosine: the iteration reaching min_lr (None: no decay)
+    grad_clip: float = 0.0
 
     def __post_init__(self) -> None:
-        if not self.lr > 0:
-            raise ValueError(f"optim.lr = {self.lr!r}: must be > 0")
-        if not all(0 <= b < 1 for b in self.betas):
-            raise ValueError(f"optim.betas = {self.betas!r}: each must be in [0, 1)")
+        for key in ("lr", "eps", "weight_decay", "min_lr", "grad_clip"):
+            if not _is_number(getattr(self, key)):
+                raise ValueError(f"optim.{key} = {getattr(self, key)!r}: must be a number")
+        if not 0 <= self.lr < float("inf"):
+            raise ValueError(f"optim.lr = {self.lr!r}: must be >= 0 (0: parameters never move)")
+        betas = self.betas
+        if (
+            not isinstance(betas, tuple | list)
+            or len(betas) != 2
+            or not all(_is_number(b) and 0 <= b < 1 for b in betas)
+        ):
+            raise ValueError(f"optim.betas = {betas!r}: must be two numbers, each in [0, 1)")
         if not self.eps > 0:
             raise ValueError(f"optim.eps = {self.eps!r}: must be > 0")
         if self.weight_decay < 0:
             raise ValueError(f"optim.weight_decay = {self.weight_decay!r}: must be >= 0")
+        v = self.warmup_iters
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"optim.warmup_iters = {v!r}: must be a non-negative integer")
+        if self.schedule not in LR_SCHEDULES:
+            raise ValueError(f"optim.schedule = {self.schedule!r}: allowed: {', '.join(LR_SCHEDULES)}")
+        if self.schedule == "constant" and self.min_lr:
+            raise ValueError(f"optim.min_lr = {self.min_lr!r}: only with optim.schedule = 'cosine'")
+        if not 0 <= self.min_lr <= self.lr:
+            raise ValueError(f"optim.min_lr = {self.min_lr!r}: must be in [0, optim.lr = {self.lr!r}]")
+        v = self.decay_iters
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= self.warmup_iters):
+            raise ValueError(
+                f"optim.decay_iters = {v!r}: must be an integer > optim.warmup_iters = {self.warmup_iters}"
+            )
+        if self.schedule == "cosine" and v is None:
+            raise ValueError(
+                "optim.schedule = 'cosine' needs optim.decay_iters (the iteration reaching min_lr)"
+            )
+        if not 0 <= self.grad_clip < float("inf"):
+            raise ValueError(f"optim.grad_clip = {self.grad_clip!r}: must be >= 0 (0: off)")
+        object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
 
 
 @dataclass(frozen=True)
@@ -54,6 +102,11 @@ class JobSpec:
     checkpoint_dir: str | None = None
     resume: str | None = None
     snapshots: bool = False  # keep a peer's committed shard in memory (state/snapshot.py)
+    # A Hugging Face model (`[model] hf`): `weights`, the directory whose safetensors each worker
+    # reads its shard from (None: initialise from `seed`); `hf_config`, its config.json, kept in
+    # checkpoints so that `resihp export` writes the same architecture and token ids back.
+    weights: str | None = None
+    hf_config: dict | None = None
 
 
 class WorkerFailed(RuntimeError):

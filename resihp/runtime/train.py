@@ -93,21 +93,29 @@ def run_training(
     if plan is None:
         plan = config.plan()
     start = 0
+    workload = config.workload()
     if resume is not None:
         from .state.checkpoint import load_meta, resolve
 
         resume = resolve(resume)
-        start = load_meta(resume)["iteration"]
+        meta = load_meta(resume)
+        start = meta["iteration"]
         if start >= config.iterations:
             raise ValueError(
                 f"--resume: the checkpoint is at iteration {start}, run.iterations = {config.iterations}"
             )
+        if meta.get("data") is not None:  # a token file: read on from the checkpoint's token
+            workload = workload.at_position(start, meta["data"]["tokens"])
     faults = check_run(config, plan, start)
+    weights = config.weights_dir()
+    if weights is not None:
+        from resihp.model.hf import check_weights
+
+        check_weights(weights, plan.model)
     for _, p in replans:
         check_fits(p, config.workers)
         if not set(p.devices()) | set(p.standby) <= set(plan.devices()) | set(plan.standby):
             raise ValueError(f"a replan uses devices outside the initial plan: {p.devices()}")
-    workload = config.workload()
     job = JobSpec(
         spec=plan.model,
         workload=workload,
@@ -123,6 +131,8 @@ def run_training(
         checkpoint_dir=config.checkpoint_dir,
         resume=resume,
         snapshots=config.snapshots,
+        weights=weights,
+        hf_config=config.hf_config(),
     )
     rows: list[dict] = []
     lock = acquire(config.checkpoint_dir) if config.checkpoint_dir else None  # released at the end

@@ -1,5 +1,10 @@
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/hf_models.py, by module name
 
 
 @pytest.fixture(autouse=True)

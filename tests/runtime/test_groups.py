@@ -57,7 +57,7 @@ def logged(members, **kw):
     order.append(list(members))
     return new_group(members, **kw)
 dist.new_group = logged
-groups = build_groups(plan, device, ranks, timeout=timedelta(seconds=30))
+groups = build_groups(plan, device, ranks, timeout=timedelta(seconds=30), step=True)
 
 def members(pg):
     # who is in the group, measured: the sum of every member's one-hot device vector
@@ -69,6 +69,7 @@ def members(pg):
     return [d for d, r in sorted(ranks.items()) if t[r] == 1.0]
 
 out = {"order": order, "tp_rank": groups.tp_rank, "tp": members(groups.tp_group),
+       "step": members(groups.step_group) if groups.tp_rank >= 0 else None,
        "segments": [[list(seg.layers), seg.sharded, members(groups.reduction_group(seg))]
                     for seg in grad_segments(plan) if device in seg.devices]}
 groups.destroy()
@@ -105,14 +106,15 @@ def _build_in_processes(plan: Plan) -> dict[int, dict]:
 def test_every_process_builds_the_same_groups_in_the_same_order():
     """Seven processes (six plan devices, one standby; different hash seeds) create every group in
     one order, and each device's groups hold exactly the devices the reduction rules name: its TP
-    group, per layer segment its DP group of equal TP rank (aligned) or every holder (not)."""
+    group, per layer segment its DP group of equal TP rank (aligned) or every holder (not), and
+    (`step=True`, gradient clipping) the group of every plan device, the standby one left out."""
     r0 = (Stage((0, 1), (0, 1), (4, 4), (24, 24)), Stage((2,), (1, 4), (8,), (48,)))
     r1 = (Stage((3, 4), (0, 3), (4, 4), (24, 24)), Stage((5,), (3, 4), (8,), (48,)))
     plan = Plan(SPEC, (r0, r1), (1, 1), "gpipe", standby=(6,))
     built = _build_in_processes(plan)
     orders = {d: b["order"] for d, b in built.items()}
     assert all(o == orders[0] for o in orders.values()), orders
-    assert orders[0] == [[0, 1], [3, 4], [0, 3], [1, 4], [2, 3, 4], [2, 5]]
+    assert orders[0] == [[0, 1], [3, 4], [0, 3], [1, 4], [2, 3, 4], [2, 5], [0, 1, 2, 3, 4, 5]]
     want = {
         0: (0, [0, 1], [[[0, 1], True, [0, 3]]]),
         1: (1, [0, 1], [[[0, 1], True, [1, 4]]]),
@@ -123,3 +125,4 @@ def test_every_process_builds_the_same_groups_in_the_same_order():
         6: (-1, None, []),  # standby: in every new_group call, in no group
     }
     assert {d: (b["tp_rank"], b["tp"], b["segments"]) for d, b in built.items()} == want
+    assert {d: b["step"] for d, b in built.items()} == {**dict.fromkeys(range(6), list(range(6))), 6: None}

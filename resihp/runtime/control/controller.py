@@ -389,7 +389,7 @@ class Controller:
         got.add(msg.device)
         wrote = self.plans[msg.generation]
         if got == set(savers(wrote)):
-            path = write_meta(self.job.checkpoint_dir, msg.iter, wrote)
+            path = write_meta(self.job.checkpoint_dir, msg.iter, wrote, self.job)
             self.log.emit({"iter": msg.iter, "kind": "checkpoint", "path": path})
 
     def on_state(self, msg: State) -> None:

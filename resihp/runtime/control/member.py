@@ -160,7 +160,7 @@ def _run(gen: Generation | None, job, device: int, store, results: Channel, hear
                 world_size=len(ranks),
                 timeout=short,
             )
-            groups = build_groups(plan, device, ranks, timeout=short)
+            groups = build_groups(plan, device, ranks, timeout=short, step=job.optim.grad_clip > 0)
             stop = join_stop(faults, device, it)
             if stop is not None:  # the injected death (or hang) during a rebuild
                 fail_now(stop, device, it, results, heart)

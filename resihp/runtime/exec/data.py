@@ -1,4 +1,5 @@
-"""Micro-batch tensors from the deterministic packer: real bytes for `pystdlib`, synthetic otherwise.
+"""Micro-batch tensors from the deterministic packer: real bytes for `pystdlib`, a token file's
+ids for `file`, synthetic bytes otherwise.
 
 The embedded corpus is this interpreter's standard-library `.py` files (`pystdlib_files`), read as
 bytes: token = byte, vocabulary 256, no tokenizer. `Workload.pack(iteration, G)` fixes which file
@@ -9,6 +10,11 @@ Targets: the target of a token is the next byte of the same document. A segment 
 boundary still predicts the document's true next byte for its last token; the last byte of a
 document has no target (`IGNORE_INDEX`). Segment ids number the segments of the window 0, 1, ...;
 positions restart at 0 at each segment start.
+
+A token file (`[data] path`, `core.tokens.TokenFile`): the packer hands out document pieces by
+stream position; the tokens come from the file's memory map, only those of the micro-batch (plus
+one for the last target). The target rule is the same: a document's last token — its `eos_id` —
+has no target, so no document learns to predict the next, unrelated one.
 
 Other length kinds (`fixed`, lognormal ones) get synthetic documents: document d of iteration i is
 a motif of 2..16 printable bytes, drawn from (workload.seed, i, d), repeated — learnable by copying,
@@ -72,7 +78,10 @@ def build_microbatch(workload: Workload, batch: PackedBatch, k: int, iteration: 
     cursor = 0
     for local, s in enumerate(range(lo, hi)):
         doc, offset, length = int(batch.seg_doc[s]), int(batch.seg_offset[s]), int(batch.seg_len[s])
-        if workload.lengths == "pystdlib":
+        if workload.tokens is not None:
+            ends = offset + length >= int(batch.doc_len[doc])
+            piece = workload.tokens.read(int(batch.doc_ids[doc]) + offset, length + (0 if ends else 1))
+        elif workload.lengths == "pystdlib":
             data = file_bytes(int(batch.doc_ids[doc]))
             piece = np.frombuffer(data[offset : offset + length + 1], dtype=np.uint8).astype(np.int64)
             ends = offset + length >= len(data)

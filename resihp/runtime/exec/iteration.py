@@ -59,3 +59,4 @@ class Iteration:
     transfers: list[LinkRow] = field(default_factory=list)  # the trace's `links`
     reducing: bool = False  # the gradient reduction began (`Hooks.on_allreduce` ran)
     allreduce_bytes: int = 0  # bytes this device's gradient all-reduces moved (the trace's field)
+    grad_norm: float | None = None  # the global gradient norm at STEP (with optim.grad_clip; the trace's)

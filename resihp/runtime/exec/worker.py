@@ -23,7 +23,10 @@ Semantics of the primitives (`resihp.core.program`), per micro-batch (src, j) at
   whole-model entries by TP rank 0 only), one all-reduce sums TP partials and DP replicas at once,
   and each device slices its shard back out — correct for replicas with different TP splits or
   layer partitions. The bytes handed to these all-reduces are counted (`allreduce_bytes`).
-* STEP: AdamW on the shard (element-wise, so shard steps equal the full-model step).
+* STEP: the tied embedding's gradients summed and the global gradient norm's clipping factor
+  (`exec/step.py`), the commit point, the schedule's learning rate for the iteration
+  (`optim.learning_rate`) and AdamW on the shard (element-wise, so shard steps equal the
+  full-model step).
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ from .collectives import CommClock, tp_callables
 from .data import build_microbatch
 from .groups import Groups
 from .iteration import Hooks, Iteration
-from .optim import build_optimizer
+from .optim import build_optimizer, owned_names, set_learning_rate
+from .step import clipping_scale, tie_embedding_grads
 
 
 def _tag(src: int, mb: int, what: str) -> int:
@@ -76,8 +80,9 @@ class Worker:
         self.replica, self.stage_index = plan.stage_of(device)
         st = plan.replicas[self.replica][self.stage_index]
         self.stage = st
-        source = {"seed": job.seed} if init is None else {"state": init.params}
-        self.model = build_stage(self.spec, st.layers, st.tp_split, st.ffn_split, groups.tp_rank, **source)
+        self.model = build_stage(
+            self.spec, st.layers, st.tp_split, st.ffn_split, groups.tp_rank, **self._source(init)
+        )
         self.named = dict(self.model.named_parameters())
         self.params = list(self.named.values())
         self.opt = build_optimizer(self.named.items(), job.optim)
@@ -98,6 +103,20 @@ class Worker:
         segments = [seg for ins in self.instrs if ins.op == "ALLREDUCE" for seg in ins.segments]
         full = any(not seg.sharded for seg in segments)
         self._zero_shards = {n: self._zeros(n) for n in self.named} if full else {}
+        self.norm_names = owned_names(plan, self.replica, self.stage_index) if job.optim.grad_clip else []
+
+    def _source(self, init) -> dict:
+        """What the stage starts from: transferred tensors, this shard's slices of the job's
+        Hugging Face weights (`model.hf.read_shard`: nothing else is read), or the seed."""
+        if init is not None:
+            return {"state": init.params}
+        if self.job.weights is not None:
+            from resihp.model.hf import read_shard
+
+            st = self.stage
+            return {"shard": read_shard(self.job.weights, self.spec, st.layers, st.tp_split, st.ffn_split,
+                                        self.groups.tp_rank)}  # fmt: skip
+        return {"seed": self.job.seed}
 
     def _zeros(self, name: str) -> list[torch.Tensor]:
         full = torch.zeros(full_shape(self.spec, name))
@@ -140,6 +159,7 @@ class Worker:
             "links": now.transfers,
             "losses": now.losses,
             "allreduce_bytes": now.allreduce_bytes,
+            "grad_norm": now.grad_norm,
         }
 
     def _mb(self, src: int, j: int):
@@ -325,9 +345,16 @@ class Worker:
             self.named[n].grad = slice_tensor(self.spec, n, full, st.tp_split, st.ffn_split, rank)
 
     def _STEP(self, ins: Instr) -> None:
-        now = self.now
+        now, cfg = self.now, self.job.optim
+        tie_embedding_grads(self)
+        scale = clipping_scale(self)
         if self.hooks.before_step is not None:
             self.hooks.before_step(now.it, now.losses, time.perf_counter() - now.t_start)
+        if scale < 1.0:
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+        set_learning_rate(self.opt, cfg, now.it)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
 

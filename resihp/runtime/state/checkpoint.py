@@ -11,14 +11,22 @@ new Plan — the same reshard as a generation change, from disk instead of a bro
 Layout of `run.checkpoint_dir`:
 
     iter_00000003/dev0.pt ...   shards after 3 committed iterations: {"params", "moments"} by name
-    iter_00000003/meta.pt       {"iteration": 3 (next to run = committed steps = data position),
-                                 "plan": the Plan that wrote the shards, "savers": [devices]}
+    iter_00000003/meta.pt       {"iteration": 3 (next to run = committed steps), "plan": the Plan
+                                 that wrote the shards, "savers": [devices], "data": the data
+                                 position (below), "hf_config": the imported model's config.json}
     latest                      "iter_00000003" once meta.pt is written (the commit of the checkpoint)
 
 A member saves right after the optimizer step of a committed iteration k with (k + 1) % every == 0
 and reports `saved`; the controller writes `meta.pt` and `latest` once every saver reported, so a
 checkpoint without `meta.pt` (a crash mid-save) is never loaded. Writes go to a temporary name and
 are renamed into place.
+
+The data position: the embedded corpus and the synthetic kinds pack iteration k as a pure
+function of k, so `iteration` is their position. A token file is read in order, and its
+position is the stream token iteration k starts at, `meta["data"]["tokens"]`: a resumed run
+starts there (`Workload.at_position`) even under another seq_len or micro-batch count, so it
+reads on where the checkpointed run stopped. `load_full` is the one way to read the full tensors
+back (resume and `resihp export`); a format change (DCP) replaces it and the saver.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import os
 import torch
 
 from resihp.core.plan import Plan
+from resihp.core.workload import Workload
 from resihp.model import gather_tensor, stage_param_names
 
 from .transfer import Holding, StageInit, source_stages
@@ -69,10 +78,22 @@ def save_shard(root: str, iteration: int, plan: Plan, device: int, holding: Hold
     return True
 
 
-def write_meta(root: str, iteration: int, plan: Plan) -> str:
-    """Complete the checkpoint of `iteration` (every saver has written); returns its directory."""
+def data_position(workload: Workload, iteration: int, plan: Plan) -> dict | None:
+    """Where iteration `iteration`'s data starts (None: `iteration` itself says it)."""
+    if workload.tokens is None:
+        return None
+    start = workload.token_start(iteration, plan.global_microbatches)
+    return {"path": workload.tokens.path, "tokens": start}
+
+
+def write_meta(root: str, iteration: int, plan: Plan, job=None) -> str:
+    """Complete the checkpoint of `iteration` (every saver has written); returns its directory.
+    `job` (the `JobSpec`): its data position and Hugging Face config go into the meta too."""
     path = iter_dir(root, iteration)
-    _atomic_save({"iteration": iteration, "plan": plan, "savers": savers(plan)}, os.path.join(path, META))
+    meta = {"iteration": iteration, "plan": plan, "savers": savers(plan)}
+    if job is not None:
+        meta.update(data=data_position(job.workload, iteration, plan), hf_config=job.hf_config)
+    _atomic_save(meta, os.path.join(path, META))
     tmp = os.path.join(root, f"latest.tmp{os.getpid()}")
     with open(tmp, "w") as f:
         f.write(os.path.basename(path) + "\n")
@@ -98,29 +119,36 @@ def load_meta(path: str) -> dict:
     return torch.load(os.path.join(path, META), weights_only=False)
 
 
-def load_init(path: str, new: Plan, device: int) -> StageInit | None:
-    """This device's stage under `new`, as full tensors from the checkpoint at `path` (None: standby)."""
+def load_full(path: str, names=None, moments: bool = True) -> StageInit:
+    """The full (unsharded) tensors `names` (default: the whole model) of the checkpoint at
+    `path`, gathered from the shards of the plan that wrote it; with `moments`, their AdamW
+    moments too (when the checkpoint has any)."""
     meta = load_meta(path)
     old: Plan = meta["plan"]
-    where = new.stage_of(device)
-    if where is None:
-        return None
-    st_new = new.replicas[where[0]][where[1]]
-    mine = stage_param_names(old.model, st_new.layers)
+    spec = old.model
+    names = stage_param_names(spec, (0, spec.num_layers)) if names is None else names
     sources = source_stages(old, set(old.devices()))
     shards: dict[int, dict] = {}
-    kinds = None
+    kinds = 1
     full: list[dict[str, torch.Tensor]] = [{}, {}, {}]
-    for name in mine:
+    for name in names:
         st = sources[name]
         for d in st.devices:
             if d not in shards:
                 shards[d] = torch.load(os.path.join(path, f"dev{d}.pt"), weights_only=True)
-        kinds = 1 if shards[st.devices[0]]["moments"] is None else 3
+        kinds = 3 if moments and shards[st.devices[0]]["moments"] is not None else 1
         for k in range(kinds):
             pieces = [
                 shards[d]["params"][name] if k == 0 else shards[d]["moments"][k - 1][name] for d in st.devices
             ]
-            full[k][name] = gather_tensor(old.model, name, pieces, st.tp_split, st.ffn_split)
-    moments = (full[1], full[2]) if kinds == 3 else None
-    return StageInit(full[0], moments, meta["iteration"])
+            full[k][name] = gather_tensor(spec, name, pieces, st.tp_split, st.ffn_split)
+    return StageInit(full[0], (full[1], full[2]) if kinds == 3 else None, meta["iteration"])
+
+
+def load_init(path: str, new: Plan, device: int) -> StageInit | None:
+    """This device's stage under `new`, as full tensors from the checkpoint at `path` (None: standby)."""
+    where = new.stage_of(device)
+    if where is None:
+        return None
+    st_new = new.replicas[where[0]][where[1]]
+    return load_full(path, stage_param_names(new.model, st_new.layers))
