@@ -114,6 +114,10 @@ class Draft:
     standby: tuple = ()
 
     @property
+    def model(self):
+        return self.ctx.model
+
+    @property
     def dp(self) -> int:
         return len(self.replicas)
 
