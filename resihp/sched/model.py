@@ -26,6 +26,9 @@ from resihp.cost.build import stage_parts
 from resihp.cost.hardware import hardware_preset
 
 _MEMO: dict = {}
+# A global batch of this many micro-batches averages the packing's length variation by itself: the
+# job simulator's timer (sim/timing.py) and `resihp`'s pricing then use one packed batch, not three.
+SPREAD_MICROBATCHES = 256
 
 
 def job_key(job) -> tuple:
@@ -215,11 +218,12 @@ def fits_memory(job, plan: Plan) -> bool:
     return max(plan_memory(job, plan).values(), default=0.0) <= cap
 
 
-def iteration_time(job, plan: Plan, cluster, evaluator: str = "auto") -> float:
-    """Predicted iteration seconds (`resihp.sim.predict`, the ITP with the analytical cost model).
-    `evaluator`: "auto" or "predict", the same (the policies' option; there is no other path)."""
+def iteration_time(job, plan: Plan, cluster, evaluator: str = "auto", iterations=(0,), **options) -> float:
+    """Predicted iteration seconds (`resihp.sim.predict`, the ITP with the analytical cost model)
+    under cost `options`, the mean over the packed batches of `iterations`. `evaluator`: "auto" or
+    "predict", the same (the policies' option; there is no other path)."""
     if evaluator not in ("auto", "predict"):
         raise ValueError(f"evaluator = {evaluator!r}: allowed: auto, predict")
     from resihp.sim.predict import predict
 
-    return predict(job, plan, cluster).iteration_s
+    return sum(predict(job, plan, cluster, it, **options).iteration_s for it in iterations) / len(iterations)

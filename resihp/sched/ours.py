@@ -29,20 +29,31 @@ import math
 
 from resihp.core.plan import Plan
 
-from .base import Decision, Policy
-from .layout import assemble, cover_lost_stages, select_groups, standby_of
+from .base import Decision, Policy, same_work
+from .layout import assemble, cover_lost_stages, packed, select_groups, standby_of
 from .links import link_candidates, link_options, link_time
 from .migrate import balance_stage, microbatch_costs, stage_bottleneck
-from .model import fits_memory, group_speed, head_layers, max_layers
+from .model import SPREAD_MICROBATCHES, fits_memory, group_speed, head_layers, max_layers
 from .paper import ResiHPPaper
 from .partition import minmax_partition
 from .proxy import proxy_time
 from .reconfig import reconfig_cost
+from .split import resplit
 from .tp import uneven_stage
 
 
 def layer_counts(plan: Plan) -> list[tuple[int, ...]]:
     return [tuple(st.num_layers for st in stages) for stages in plan.replicas]
+
+
+def resplit_candidates(ctx, cands, cluster, alone_s) -> list[tuple[str, Plan]]:
+    """`cands` re-split over their replicas by rate (split.resplit), those that change."""
+    out = []
+    for label, cand in cands:
+        new = resplit(ctx, cand, cluster, alone_s)
+        if new is not cand:
+            out.append((f"{label}+resplit", new))
+    return out
 
 
 class ResiHP(Policy):
@@ -55,8 +66,11 @@ class ResiHP(Policy):
     def __init__(
         self, horizon_s: float = 1800.0, planning_s: float = 0.1, evaluator: str = "auto",
         min_gain: float = 0.01, delta: int = 1, dag_top: int = 4, include_paper: bool | None = None,
-        large_chunks: int = 20000,
+        large_chunks: int = 20000, samples: int | None = None,
     ) -> None:  # fmt: skip
+        if samples is not None and samples < 1:
+            raise ValueError(f"samples = {samples!r}: must be >= 1 (or None: the default)")
+        self.samples = samples
         self.horizon_s = horizon_s
         self.planning_s = planning_s
         self.evaluator = evaluator
@@ -104,24 +118,32 @@ class ResiHP(Policy):
         v = {g: c[1] for g, c in chosen.items()}
         hollow = any(s <= 0 for s in v.values())
         caps = {g: max_layers(ctx, c[0], g[1], pp, m, dp) for g, c in chosen.items()}
+        caps.update({(c[0].devices, g[1]): caps[g] for g, c in chosen.items()})  # by group, for `packed`
         if not hollow:
             current = layer_counts(plan)
             if len(current) == dp and all(len(c) == pp for c in current):
                 out.append(("exclude", assemble(ctx, chosen, current, standby).to_plan()))
-            try:
-                splits = [
-                    minmax_partition(L, [v[(d, i)] for i in range(pp)], [caps[(d, i)] for i in range(pp)],
-                                     last_cost=head)
-                    for d in range(dp)
-                ]  # fmt: skip
-                out.append(("pipeline", assemble(ctx, chosen, splits, standby).to_plan()))
-            except ValueError:
-                pass
+            gathered = packed(chosen, dp, pp)
+            for label, groups in (("pipeline", chosen), ("packed", gathered)):
+                if groups is None:
+                    continue
+                try:
+                    splits = [
+                        minmax_partition(L, [groups[(d, i)][1] for i in range(pp)],
+                                         [caps[groups[(d, i)][0].devices, i] for i in range(pp)],
+                                         last_cost=head)
+                        for d in range(dp)
+                    ]  # fmt: skip
+                    out.append((label, assemble(ctx, groups, splits, standby).to_plan()))
+                except ValueError:
+                    pass
         if hollow or not self._large(ctx):  # costing a migrated plan is slow at scale
             try:
                 out.append(("balance", self._balanced(ctx, chosen, standby, v, caps, cluster)))
             except ValueError:
                 pass
+        if not cluster.links:  # with a slow link, link_candidates re-weights the relinked variants
+            out += resplit_candidates(ctx, out, cluster, lambda p: link_time(ctx, p, cluster, self.evaluator))
         return link_candidates(ctx, out, cluster, self.evaluator, lean=self._large(ctx))
 
     def _balanced(self, ctx, chosen, standby, v, caps, cluster) -> Plan:
@@ -142,6 +164,17 @@ class ResiHP(Policy):
         live_caps = [min(caps[(d, i)] for d in range(dp) if v[(d, i)] > 0) for i in range(pp)]
         counts = minmax_partition(L, eff, live_caps, last_cost=head_layers(ctx.model))
         return assemble(ctx, chosen, [counts] * dp, standby).to_plan(sorted(moves))
+
+    def _iterations(self, ctx) -> tuple[int, ...]:
+        """The packed batches a candidate is priced on: the first `samples` iterations' (default
+        3, or 1 for a global batch of SPREAD_MICROBATCHES or more, whose own spread averages the
+        length variation), so the choice follows the expected rate, not one batch's packing."""
+        n = (
+            self.samples
+            if self.samples is not None
+            else (1 if ctx.global_microbatches >= SPREAD_MICROBATCHES else 3)
+        )
+        return tuple(range(n))
 
     def _large(self, ctx) -> bool:
         """More stage-chunks per iteration than `large_chunks`: no paper or migration candidates."""
@@ -184,7 +217,7 @@ class ResiHP(Policy):
         if self.dag_top <= 0:
             it = proxy_time(ctx, cand, cluster)
         else:
-            it = link_time(ctx, cand, cluster, self.evaluator)
+            it = link_time(ctx, cand, cluster, self.evaluator, self._iterations(ctx))
         return self._score(it, rc.pause_s), it
 
     def _best(self, ctx, plan: Plan, cands, cluster) -> tuple[str, Plan, float, object]:
@@ -230,8 +263,7 @@ class ResiHP(Policy):
             label, new, it, rc = self._best(ctx, plan, cands, cluster)
         except ValueError as exc:
             return Decision(None, reason=f"abort: {exc}")
-        same = new is plan or (new.replicas == plan.replicas and new.assignment == plan.assignment)
-        if same:
+        if new is plan or same_work(new, plan):
             new = plan
         else:
             new = new.with_changes(generation=plan.generation + 1, schedule=plan.schedule)

@@ -20,7 +20,7 @@ from resihp.core.plan import Plan, Stage, build_stage, even_split
 from resihp.cost import memory
 from resihp.cost.hardware import hardware_preset
 
-from .base import Decision, Policy
+from .base import Decision, Policy, same_work
 from .layout import Draft, assemble, cover_lost_stages, select_groups, standby_of
 from .migrate import microbatch_costs
 from .model import (
@@ -218,7 +218,7 @@ class ResiHPPaper(Policy):
 
 def finish(policy, ctx, plan: Plan, new: Plan, cluster, reason: str) -> Decision:
     """The Decision for switching `plan` -> `new` (same generation when nothing changes)."""
-    same = new.replicas == plan.replicas and new.assignment == plan.assignment
+    same = same_work(new, plan)
     new = new.with_changes(generation=plan.generation + (0 if same else 1), schedule=plan.schedule)
     if same:
         new = plan
