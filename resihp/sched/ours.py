@@ -33,7 +33,7 @@ from .base import Decision, Policy, same_work
 from .layout import assemble, cover_lost_stages, packed, select_groups, standby_of
 from .links import link_candidates, link_options, link_time
 from .migrate import balance_stage, microbatch_costs, stage_bottleneck
-from .model import SPREAD_MICROBATCHES, fits_memory, group_speed, head_layers, max_layers
+from .model import SPREAD_MICROBATCHES, chunk_memory_check, fits_memory, group_speed, head_layers, max_layers
 from .paper import ResiHPPaper
 from .partition import minmax_partition
 from .proxy import proxy_time
@@ -146,24 +146,46 @@ class ResiHP(Policy):
             out += resplit_candidates(ctx, out, cluster, lambda p: link_time(ctx, p, cluster, self.evaluator))
         return link_candidates(ctx, out, cluster, self.evaluator, lean=self._large(ctx))
 
-    def _balanced(self, ctx, chosen, standby, v, caps, cluster) -> Plan:
+    def _balanced(self, ctx, chosen, standby, v, caps, cluster, rounds: int = 3) -> Plan:
+        """The "balance" candidate: per-stage makespan migration, then one min-max split on the
+        per-stage makespans it leaves. Memory depends on the split and the split on the moves, so
+        the moves are first made unconstrained (on a placeholder split), then again under the
+        exact memory check at the split they gave (`chunk_memory_check`), until the split stays
+        (at most `rounds` times): the moves returned always fit at the split returned."""
         dp, pp, L = ctx.dp, ctx.pp, ctx.model.num_layers
         draft = assemble(ctx, chosen, [(1,) * (pp - 1) + (L - pp + 1,)] * dp, standby)
         costs = microbatch_costs(ctx, draft)
+        live_caps = [min(caps[(d, i)] for d in range(dp) if v[(d, i)] > 0) for i in range(pp)]
+        mem_ok, counts = None, None
+        for _ in range(rounds + 1):
+            eff, moves = self._stage_moves(ctx, v, costs, draft.microbatches, mem_ok)
+            new = minmax_partition(L, eff, live_caps, last_cost=head_layers(ctx.model))
+            if mem_ok is not None and new == counts:
+                break
+            counts = new
+            draft = assemble(ctx, chosen, [counts] * dp, standby)
+            mem_ok = chunk_memory_check(ctx, draft)
+        else:
+            eff, moves = self._stage_moves(ctx, v, costs, draft.microbatches, mem_ok)  # at `counts`
+        return draft.to_plan(sorted(moves))
+
+    def _stage_moves(self, ctx, v, costs, microbatches, mem_ok) -> tuple[list[float], list[tuple]]:
+        """(per-stage effective speed, moves) of `balance_stage` at every stage; `mem_ok(group,
+        counts)` as in migrate.py, None for no memory check."""
+        dp, pp = ctx.dp, ctx.pp
         eff, moves = [], []
         for i in range(pp):
             scale = {d: 1.0 / v[(d, i)] if v[(d, i)] > 0 else math.inf for d in range(dp)}
-            chunks = [(d, (d, j), costs[d][j]) for d in range(dp) for j in range(draft.microbatches[d])]
+            chunks = [(d, (d, j), costs[d][j]) for d in range(dp) for j in range(microbatches[d])]
             if len(set(scale.values())) == 1:  # equal replicas: nothing to balance at this stage
                 eff.append(1.0 / max(sum(costs[d]) * scale[d] for d in range(dp)))
                 continue
             mean = sum(c for _, _, c in chunks) / sum(1 / s for s in scale.values() if math.isfinite(s))
-            where = balance_stage(scale, chunks, None, self.min_gain * mean)
+            ok = None if mem_ok is None else (lambda d, counts, i=i: mem_ok((d, i), counts))
+            where = balance_stage(scale, chunks, ok, self.min_gain * mean)
             eff.append(1.0 / stage_bottleneck(scale, chunks, where))
             moves += [(d, j, i, g) for (d, j), g in where.items() if g != d]
-        live_caps = [min(caps[(d, i)] for d in range(dp) if v[(d, i)] > 0) for i in range(pp)]
-        counts = minmax_partition(L, eff, live_caps, last_cost=head_layers(ctx.model))
-        return assemble(ctx, chosen, [counts] * dp, standby).to_plan(sorted(moves))
+        return eff, moves
 
     def _iterations(self, ctx) -> tuple[int, ...]:
         """The packed batches a candidate is priced on: the first `samples` iterations' (default
@@ -174,7 +196,7 @@ class ResiHP(Policy):
             if self.samples is not None
             else (1 if ctx.global_microbatches >= SPREAD_MICROBATCHES else 3)
         )
-        return tuple(range(n))
+        return tuple(range(1, n + 1))
 
     def _large(self, ctx) -> bool:
         """More stage-chunks per iteration than `large_chunks`: no paper or migration candidates."""
