@@ -47,10 +47,11 @@ def layer_counts(plan: Plan) -> list[tuple[int, ...]]:
 
 
 def resplit_candidates(ctx, cands, cluster, alone_s) -> list[tuple[str, Plan]]:
-    """`cands` re-split over their replicas by rate (split.resplit), those that change."""
-    out = []
+    """`cands` re-split over their replicas by rate (split.resplit, one cache of replica passes
+    for all), those that change."""
+    out, cache = [], {}
     for label, cand in cands:
-        new = resplit(ctx, cand, cluster, alone_s)
+        new = resplit(ctx, cand, cluster, alone_s, cache=cache)
         if new is not cand:
             out.append((f"{label}+resplit", new))
     return out
@@ -143,7 +144,8 @@ class ResiHP(Policy):
             except ValueError:
                 pass
         if not cluster.links:  # with a slow link, link_candidates re-weights the relinked variants
-            out += resplit_candidates(ctx, out, cluster, lambda p: link_time(ctx, p, cluster, self.evaluator))
+            alone = (lambda p: link_time(ctx, p, cluster, self.evaluator)) if self.dag_top > 0 else None
+            out += resplit_candidates(ctx, out, cluster, alone)
         return link_candidates(ctx, out, cluster, self.evaluator, lean=self._large(ctx))
 
     def _balanced(self, ctx, chosen, standby, v, caps, cluster, rounds: int = 3) -> Plan:

@@ -40,12 +40,13 @@ def rate_split(total: int, fill, slot, minimum: int = 1) -> tuple[int, ...]:
     return tuple(counts)
 
 
-def resplit(ctx, plan: Plan, cluster, alone_s=None, rounds: int = 2) -> Plan:
+def resplit(ctx, plan: Plan, cluster, alone_s=None, rounds: int = 1, cache: dict | None = None) -> Plan:
     """`plan` with the global batch re-split over its replicas by their rates on `cluster`.
 
     `alone_s(plan of one replica)` -> seconds (the ITP the caller prices with); each of `rounds`
     scales every replica's analytic (fill, slot) by its ITP alone at the current share over the
     analytic time, then splits again (`rate_split`); without `alone_s` the analytic split alone.
+    `cache` (pipeline_key -> seconds) lets calls for several plans on one cluster share passes.
     Returns `plan` itself when the split does not change, when chunks migrate (the split is then
     the migration's to balance), when a stage is hollow, or when the new split does not fit memory
     (more micro-batches can keep more live: all of them under GPipe)."""
@@ -54,7 +55,7 @@ def resplit(ctx, plan: Plan, cluster, alone_s=None, rounds: int = 2) -> Plan:
     times = replica_times(ctx, plan, cluster)
     fill, slot = [f for f, _ in times], [s for _, s in times]
     split = rate_split(plan.global_microbatches, fill, slot)
-    cache: dict = {}
+    cache = {} if cache is None else cache
     for _ in range(rounds if alone_s is not None else 0):
         scale = []
         for d, (stages, n) in enumerate(zip(plan.replicas, split)):
