@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from paper_numbers import FIG9, FIG10, FIG11, FREQS, MODELS, TABLE6  # noqa: E402
-from results_account import account_tables, analysis, evidence, paper_cells_above_bound, reconfig_text  # noqa: E402
+from results_account import account_tables, evidence, paper_cells_above_bound, reconfig_text  # noqa: E402
+from results_analysis import analysis  # noqa: E402
 from results_changes import changes  # noqa: E402
 
 TOL = 0.25
@@ -111,6 +112,10 @@ CHOICES = (
     "bound's scale): the best healthy plan any built planner finds, i.e. the larger of the uniform "
     "plan and `resihp`'s own plan for the whole cluster (with or without the CPU-path option), so "
     "no policy beats the bound X0 · Σ live speed / N by finding a better layout than the uniform one.",
+    "- `resihp-paper` under memory (the paper only says a move must fit): Algorithm 1 counts the "
+    "activations the compiled order keeps live, one template's count per source pipeline; when a lost "
+    "stage's work fits no peer, eq. 3's k_min is taken at one layer (the group stays, with fewer layers), "
+    "then the replicas that lost a stage are dropped and the global batch split over the rest.",
     "- Link fail-slows under `resihp`: ranks re-mapped inside the TP groups that touch the slow pair "
     "so no PP pairing or ring uses it, micro-batches re-weighted per replica, PP transfers over the "
     "CPU path; all priced by the ITP with the reconfiguration amortized (resihp/sched/links.py). "

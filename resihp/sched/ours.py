@@ -12,15 +12,20 @@ it; layer splits from the running plan's where they keep one):
   that lost a device) combined with
   - "exclude": the current layer split, no migration (when no stage is hollow);
   - "pipeline": an exact min-max split per replica (when no stage is hollow);
+  - "packed": the groups of each stage index re-dealt so the slow ones gather in the replicas
+    already slowest (layout.packed), then "pipeline"'s split (when no stage is hollow);
   - "balance": per-stage makespan migration by micro-batch cost, then one exact min-max split on
-    the resulting per-stage makespans (the common split lets any replica run any stage's work);
-    on large jobs only when some stage is hollow.
+    the resulting per-stage makespans (the common split lets any replica run any stage's work),
+    the moves under the exact memory check at that split; on large jobs only when a stage is hollow.
 
-While a slow link is known, every candidate also comes relinked (ranks re-mapped so no transfer
-uses the slow pair) and re-weighted (micro-batches per replica by rate), PP transfers take the CPU
-path, and every candidate gets the full ITP pass (the proxy does not see links); see links.py.
+Every candidate without migration also comes re-split ("+resplit": the global batch over its
+replicas by rate, split.py). While a slow link is known, every candidate instead comes relinked
+(ranks re-mapped so no transfer uses the slow pair) and re-weighted (the same re-split, by each
+replica's ITP under the link), PP transfers take the CPU path, and every candidate gets the full
+ITP pass (the proxy does not see links); see links.py.
 
-Candidates are ranked by a cheap proxy and costed by the full ITP in that order (choose_plan).
+Candidates are ranked by a cheap proxy and costed by the full ITP in that order (choose_plan), on
+the mean of packed batches 1..`samples` (`_iterations`).
 """
 
 from __future__ import annotations
