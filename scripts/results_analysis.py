@@ -131,21 +131,31 @@ def analysis(results: Path, extra: Path, analysis_dir: Path) -> list[str]:
         )
     lemons = _lemon(extra)
     if lemons:
-        parts = []
+        parts, out = [], []
         for name, n, up, stop, rejoin, cycle in lemons:
-            verdict = "re-admitting pays" if stop + rejoin < up / n else "keeping it out would pay"
+            if rejoin <= 0:
+                parts.append(f"{name}: `resihp` already keeps it out after its first failure (the re-join "
+                             "does not pay its pause by its score), pausing for nothing more")  # fmt: skip
+                continue
+            gain = stop + rejoin - up / n  # X0-seconds per cycle that keeping the device out saves
+            verdict = "re-admitting pays" if gain < 0 else "keeping it out would pay"
             parts.append(
-                f"{name}: {stop:.1f} s + {rejoin:.1f} s of pause per {cycle:g} s cycle against "
-                f"{up:g} s / {n} = {up / n:.1f} s ({verdict})"
+                f"{name}: `resihp` re-admits it, {stop:.1f} s + {rejoin:.1f} s of pause per {cycle:g} s "
+                f"cycle against {up:g} s / {n} = {up / n:.1f} s ({verdict})"
             )
+            if gain >= 0:
+                out.append(f"{name}, by {gain:.1f} s per cycle, {gain / cycle:.2%} of the run")
         lines.append(
             "Keeping a device that keeps failing out once it re-joins would save the re-join's pause and "
             "the next failure's (the whole job stops for both) but lose the device's share of the bound, "
-            "1/N, for as long as it is up, and the plan without it runs below even that; per lemon "
-            "scenario, the two pauses against the up time over N: " + "; ".join(parts) + ". So `resihp` "
-            "re-admits it (its score says the same), and what would take the lemon pause back is a "
-            "cheaper move itself: overlapping it with training, which needs the state-transfer planner's "
-            "account of what moves when (reconfig.py charges the whole pause as stopped time today)."
+            "1/N, for as long as it is up (more if the plan without it runs below its own share); per lemon "
+            "scenario: " + "; ".join(parts) + ". "
+            + (("Where keeping it out would pay (" + "; ".join(out) + "), it takes a policy that remembers "
+                "a device's failures: `resihp` plans from the cluster it sees (base.py: no state between "
+                "calls). ") if out else "")
+            + "What would take the lemon pause back where the device is re-admitted is a cheaper move "
+            "itself: overlapping it with training, which needs the state-transfer planner's account of "
+            "what moves when (reconfig.py charges the whole pause as stopped time today)."
         )  # fmt: skip
     lines += _node(extra, fam)
     lines.append(

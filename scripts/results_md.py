@@ -81,9 +81,9 @@ def fmt(x) -> str:
 NOTES = (
     ("ResiHP/fault-free", "scheduler issue's policy (`resihp-paper`); compare the `resihp` table"),
     ("resihp-paper[", "ablation of the faithful policy: Algorithm 1 (δ = 1) runs without a cost check; "
-     "on 7B/13B its moves lower the DAG-predicted rate after a fail-stop (cross-replica transfers stall the "
-     "receiving pipeline), so WM adds little or loses; the paper's DE segment (1.01–1.82) varies "
-     "across models for reasons it does not state"),
+     "its moves can lower the DAG-predicted rate after a fail-stop (cross-replica transfers stall the "
+     "receiving pipeline), so WM adds little or loses (here on 7B, 13B and 30B at 30 min); the paper's DE "
+     "segment (1.01–1.82) varies across models for reasons it does not state"),
     ("resihp-paper", "scheduler issue's policy; its deviation is tracked there"),
     ("adaptra/none", "Adaptra's warm-up increase is modelled by its extreme (GPipe, memory-checked)"),
     ("greyhound/none", "our S3 re-splits layers exactly by measured speed; the paper's smaller Qwen/30B "

@@ -205,7 +205,7 @@ class ResiHPPaper(Policy):
         delta = self.delta if balance else math.inf  # no WM: fail-stop eviction only
         plan = draft.to_plan(progress_migrate(draft, scale, costs, mem_ok, delta))
         assert fits_memory(ctx, plan), "moves within chunk_memory_check must give a plan that fits"
-        return plan, f"Algorithm 1: {refused[0]} moves refused for memory" if refused[0] else ""
+        return plan, f"Algorithm 1: memory refused {refused[0]} candidate moves" if refused[0] else ""
 
     def decide(self, ctx, plan, cluster, reports) -> Decision:
         try:
