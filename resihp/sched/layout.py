@@ -94,6 +94,34 @@ def cover_lost_stages(ctx, chosen, pool, choose) -> list[int]:
     return rebuilt
 
 
+def packed(chosen, dp: int, pp: int):
+    """`chosen` with the groups of every stage index re-dealt over the replicas so the slow ones
+    gather in the replicas already slowest, or None when that moves nothing.
+
+    A replica runs at the pace of its slowest stage (a layer split is integral, so a stage slowed
+    by a fifth can cost a replica a whole layer's share of its rate), so k slow groups spread over
+    k replicas cost about k replicas' balance where gathered in one they cost about one; the
+    re-split of the global batch (split.py) then gives that replica fewer micro-batches. Groups
+    keep their devices (TP stays inside its node) and change only the replica they serve: only
+    PP pairings and the layer splits change. Replicas are ranked by their summed speed deficit
+    (most degraded first, ties: lowest index); at each stage index the slowest group goes to the
+    first replica, the next to the second, and so on (ties: the group already there stays).
+    Only for plans without hollow groups."""
+    speed = {g: c[1] for g, c in chosen.items()}
+    if any(v <= 0 for v in speed.values()):
+        return None
+    top = [max(speed[(d, i)] for d in range(dp)) for i in range(pp)]
+    deficit = [sum(1.0 - speed[(d, i)] / top[i] for i in range(pp)) for d in range(dp)]
+    order = sorted(range(dp), key=lambda d: (-deficit[d], d))
+    rank = {d: k for k, d in enumerate(order)}
+    out = {}
+    for i in range(pp):
+        groups = sorted(range(dp), key=lambda d: (speed[(d, i)], rank[d]))
+        for k, home in enumerate(groups):
+            out[(order[k], i)] = chosen[(home, i)]
+    return None if out == chosen else out
+
+
 def standby_of(pool) -> tuple[int, ...]:
     return tuple(sorted(x for s in pool.values() for x in s))
 
@@ -112,6 +140,10 @@ class Draft:
     replicas: tuple
     microbatches: tuple
     standby: tuple = ()
+
+    @property
+    def model(self):
+        return self.ctx.model
 
     @property
     def dp(self) -> int:

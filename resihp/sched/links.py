@@ -11,9 +11,9 @@ transfer whose rank pairing uses that pair (PP activations, TP rings, DP gradien
   endpoint trades places with the device of the same rank in a DP peer's group at the same stage
   with the same layers and split (the only way to take a PP link between TP-1 stages off the
   pipeline; the two hold the same shard, so no state moves, only groups are rebuilt);
-- `reweight`: the global batch re-split over replicas in proportion to each replica's throughput
-  measured alone on the degraded cluster (the replica whose PP link is slow gets fewer micro-batches
-  and leaves the critical path); only for plans without migrated chunks;
+- `reweight`: the global batch re-split over replicas by each replica's rate measured alone on the
+  degraded cluster (split.py; the replica whose PP link is slow gets fewer micro-batches and
+  leaves the critical path); only for plans without migrated chunks;
 - the CPU path (`link_options`): while a slow link is known, PP transfers go through host memory
   and CPU-side RDMA so a slow send does not block the sender's compute stream (the Executor
   "optimizes the communication strategy"; the same switch Adaptra uses).
@@ -21,9 +21,10 @@ transfer whose rank pairing uses that pair (PP activations, TP rings, DP gradien
 
 from __future__ import annotations
 
-from resihp.core.plan import Plan, Stage, split_by_weight
+from resihp.core.plan import Plan, Stage
 
-from .model import iteration_time, pipeline_key
+from .model import iteration_time
+from .split import resplit
 
 
 def link_options(view) -> dict:
@@ -31,13 +32,10 @@ def link_options(view) -> dict:
     return {"send_blocks": False} if view.links else {}
 
 
-def link_time(ctx, plan: Plan, cluster, evaluator: str = "auto") -> float:
-    """Predicted iteration seconds with `link_options` applied (plain ITP when no link is slow)."""
-    if not cluster.links:
-        return iteration_time(ctx, plan, cluster, evaluator)
-    from resihp.sim.predict import predict
-
-    return predict(ctx, plan, cluster, **link_options(cluster)).iteration_s
+def link_time(ctx, plan: Plan, cluster, evaluator: str = "auto", iterations=(0,)) -> float:
+    """Predicted iteration seconds with `link_options` applied (plain ITP when no link is slow),
+    the mean over the packed batches of `iterations`."""
+    return iteration_time(ctx, plan, cluster, evaluator, iterations, **link_options(cluster))
 
 
 def _slow(cluster) -> dict[tuple[int, int], float]:
@@ -177,21 +175,10 @@ def relink(plan: Plan, cluster, rounds: int = 8, peers: int = 4) -> Plan:
     return plan if best is plan.replicas else plan.with_changes(replicas=best)
 
 
-def reweight(ctx, plan: Plan, cluster, evaluator: str = "auto") -> Plan:
-    """The global batch over replicas in proportion to each replica's rate alone (>= 1 each)."""
-    if plan.assignment or plan.dp < 2 or any(st.hollow for r in plan.replicas for st in r):
-        return plan
-    m = ctx.workload.num_microbatches
-    rates, cache = [], {}
-    for stages in plan.replicas:
-        key = pipeline_key(stages, m, cluster)  # replicas alike in structure share one pass
-        if key not in cache:
-            alone = Plan(ctx.model, (stages,), (m,), plan.schedule)
-            cache[key] = m / link_time(ctx, alone, cluster, evaluator)
-        rates.append(cache[key])
-    if max(rates) <= min(rates) * 1.001:
-        return plan
-    return plan.with_changes(microbatches=split_by_weight(plan.global_microbatches, rates, 1))
+def reweight(ctx, plan: Plan, cluster, evaluator: str = "auto", iterations=(0,)) -> Plan:
+    """The global batch re-split over replicas by rate (split.resplit), each replica's ITP alone
+    taken under `link_options` (the analytic view does not see links)."""
+    return resplit(ctx, plan, cluster, lambda alone: link_time(ctx, alone, cluster, evaluator, iterations))
 
 
 def link_candidates(ctx, cands: list[tuple[str, Plan]], cluster, evaluator: str = "auto", lean: bool = False):

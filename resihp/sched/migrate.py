@@ -3,9 +3,10 @@
 Inputs shared by both methods: `scale[(d, i)]` = seconds per unit of micro-batch cost on group
 (d, i) (math.inf for a hollow group), `costs[d][j]` = relative cost of micro-batch j of replica d
 (F+B+W FLOPs, so packed sequences with long documents weigh more), and `peers[i]` = the replicas
-whose stage i holds the same layers (only those can exchange stage-i work). `mem_ok(g, n)` says
-whether group g can run n chunks. Both return the Plan.assignment moves
-(src, j, i, exec replica) for chunks that leave home.
+whose stage i holds the same layers (only those can exchange stage-i work). `mem_ok(g, counts)`
+says whether group g can run `counts[src]` chunks of each source replica src (the compiled order
+keeps up to one template's live count per source, `sched.model.chunk_memory_check`). Both return
+the Plan.assignment moves (src, j, i, exec replica) for chunks that leave home.
 
 - `progress_migrate`: the paper's Algorithm 1 inside an event-driven simulation of the schedule
   (`resihp.sched.progress`).
@@ -70,8 +71,19 @@ def stage_peers(plan) -> list[dict[int, list[int]]]:
     return out
 
 
+def _with(counts: dict, add=None, drop=None) -> dict:
+    """`counts` (source -> chunks) with one chunk of source `add` more and of `drop` fewer."""
+    out = dict(counts)
+    if add is not None:
+        out[add] = out.get(add, 0) + 1
+    if drop is not None:
+        out[drop] -= 1
+    return out
+
+
 def balance_stage(scale, chunks, mem_ok=None, min_gain: float = 0.0, movable=None) -> dict:
-    """Makespan heuristic for one stage. `scale`: group -> s per unit cost; `chunks`: (home, key, cost).
+    """Makespan heuristic for one stage. `scale`: group -> s per unit cost; `chunks`: (home, key,
+    cost), the home being the chunk's source replica; `mem_ok(g, counts)` as in the module doc.
 
     Returns key -> executing group. A chunk whose home is hollow (inf scale) must move; the caller
     raises if no group is live.
@@ -80,26 +92,27 @@ def balance_stage(scale, chunks, mem_ok=None, min_gain: float = 0.0, movable=Non
     if not groups:
         raise ValueError("a stage has no live replica left to run its work")
     load = dict.fromkeys(groups, 0.0)
-    count = dict.fromkeys(groups, 0)
+    count: dict = {g: {} for g in groups}  # group -> source -> chunks
     where = {}
     evicted = []
     for home, key, c in chunks:
         if home in load:
             where[key] = home
             load[home] += c * scale[home]
-            count[home] += 1
+            count[home][home] = count[home].get(home, 0) + 1
         else:
-            evicted.append((c, key))
-    for c, key in sorted(evicted, key=lambda x: (-x[0], x[1])):
-        ok = [g for g in groups if mem_ok is None or mem_ok(g, count[g] + 1)]
+            evicted.append((c, key, home))
+    for c, key, home in sorted(evicted, key=lambda x: (-x[0], x[1])):
+        ok = [g for g in groups if mem_ok is None or mem_ok(g, _with(count[g], add=home))]
         if not ok:
             raise ValueError("evicted work fits no surviving replica's memory")
         g = min(ok, key=lambda g: (load[g] + c * scale[g], g))
         where[key] = g
         load[g] += c * scale[g]
-        count[g] += 1
+        count[g][home] = count[g].get(home, 0) + 1
     cost = {key: c for _, key, c in chunks}
-    _local_search(where, load, count, cost, scale, groups, mem_ok, min_gain, movable)
+    source = {key: home for home, key, _ in chunks}
+    _local_search(where, load, count, cost, scale, groups, mem_ok, min_gain, movable, source)
     if mem_ok is None and movable is None and len(chunks) * len(groups) <= 20000:
         # A fresh largest-first start escapes local optima of the stay-home start (small stages).
         lpt_load = dict.fromkeys(groups, 0.0)
@@ -108,18 +121,20 @@ def balance_stage(scale, chunks, mem_ok=None, min_gain: float = 0.0, movable=Non
             g = min(groups, key=lambda g: (lpt_load[g] + c * scale[g], g))
             lpt[key] = g
             lpt_load[g] += c * scale[g]
-        _local_search(lpt, lpt_load, dict.fromkeys(groups, 0), cost, scale, groups, None, 0.0)
+        _local_search(lpt, lpt_load, None, cost, scale, groups, None, 0.0)
         if max(lpt_load.values()) < max(load.values()) - min_gain - 1e-12:
             return lpt
     return where
 
 
 def _local_search(
-    where, load, count, cost, scale, groups, mem_ok, min_gain, movable=None, swaps: int = 64
+    where, load, count, cost, scale, groups, mem_ok, min_gain, movable=None, source=None, swaps: int = 64
 ) -> None:
     """Best single move (or, on small stages, pairwise swap) off the most loaded group while that
     lowers its load. Per target group only the chunks nearest the ideal size (L_top - L_h)/(s_top +
-    s_h) are tried, so a step costs O(groups · log chunks)."""
+    s_h) are tried, so a step costs O(groups · log chunks). With `mem_ok`, `count` (group ->
+    source -> chunks) and `source` (key -> source replica) track what each group runs, and a move
+    or swap is taken only if every group it adds a chunk to stays within memory."""
     mine: dict = {g: [] for g in groups}
     for k, g in where.items():
         if movable is None or movable(k) or k[0] != g:  # a chunk already away may move on
@@ -127,6 +142,18 @@ def _local_search(
     for g in groups:
         mine[g].sort()
     small = len(where) <= swaps
+
+    def fits(h, key, other=None) -> bool:
+        """Group h may take chunk `key` (giving back `other`), and `key`'s group `other`."""
+        if mem_ok is None:
+            return True
+        a = source[key]
+        if other is None:
+            return mem_ok(h, _with(count[h], add=a))
+        b = source[other]
+        return a == b or (mem_ok(h, _with(count[h], add=a, drop=b)) and
+                          mem_ok(where[key], _with(count[where[key]], add=b, drop=a)))  # fmt: skip
+
     for _ in range(4 * len(where) + 4):
         top = max(groups, key=lambda g: (load[g], -g))
         best, best_val = None, load[top] - min_gain
@@ -134,13 +161,12 @@ def _local_search(
         for h in groups:
             if h == top:
                 continue
-            if mem_ok is None or mem_ok(h, count[h] + 1):
-                ideal = (load[top] - load[h]) / (scale[top] + scale[h])
-                k = bisect.bisect_left(items, (ideal,))
-                for c, key in items[max(0, k - 1) : k + 1]:
-                    val = max(load[top] - c * scale[top], load[h] + c * scale[h])
-                    if val < best_val - 1e-12:
-                        best, best_val = (key, h, None), val
+            ideal = (load[top] - load[h]) / (scale[top] + scale[h])
+            k = bisect.bisect_left(items, (ideal,))
+            for c, key in items[max(0, k - 1) : k + 1]:
+                val = max(load[top] - c * scale[top], load[h] + c * scale[h])
+                if val < best_val - 1e-12 and fits(h, key):
+                    best, best_val = (key, h, None), val
             if small:
                 for c, key in items:
                     for c2, other in mine[h]:
@@ -148,11 +174,15 @@ def _local_search(
                             break
                         d = c - c2
                         val = max(load[top] - d * scale[top], load[h] + d * scale[h])
-                        if val < best_val - 1e-12:
+                        if val < best_val - 1e-12 and fits(h, key, other):
                             best, best_val = (key, h, other), val
         if best is None:
             return
         key, h, other = best
+        if mem_ok is not None:
+            a = source[key]
+            count[top] = _with(count[top], drop=a, add=None if other is None else source[other])
+            count[h] = _with(count[h], add=a, drop=None if other is None else source[other])
         c = cost[key] - (cost[other] if other is not None else 0.0)
         load[top] -= c * scale[top]
         load[h] += c * scale[h]
@@ -163,9 +193,6 @@ def _local_search(
             where[other] = top
             mine[h].remove((cost[other], other))
             bisect.insort(mine[top], (cost[other], other))
-        else:
-            count[top] -= 1
-            count[h] += 1
 
 
 def balance_migrate(plan, scale, costs, mem_ok=None, min_gain: float = 0.01) -> list[tuple]:
@@ -182,7 +209,7 @@ def balance_migrate(plan, scale, costs, mem_ok=None, min_gain: float = 0.01) -> 
             if not chunks:
                 continue
             mean = sum(c * sc[e] for e, _, c in chunks if math.isfinite(sc[e])) / len(ds)
-            ok = None if mem_ok is None else (lambda g, n, i=i: mem_ok((g, i), n))
+            ok = None if mem_ok is None else (lambda g, counts, i=i: mem_ok((g, i), counts))
             where = balance_stage(sc, chunks, ok, min_gain * mean)
             moves += [(e, j, i, g) for (e, j), g in where.items() if g != e]
     return sorted(moves)

@@ -26,6 +26,9 @@ from resihp.cost.build import stage_parts
 from resihp.cost.hardware import hardware_preset
 
 _MEMO: dict = {}
+# A global batch of this many micro-batches averages the packing's length variation by itself: the
+# job simulator's timer (sim/timing.py) and `resihp`'s pricing then use one packed batch, not three.
+SPREAD_MICROBATCHES = 256
 
 
 def job_key(job) -> tuple:
@@ -88,6 +91,16 @@ def n_live(schedule: str, n: int, stage: int, num_stages: int) -> int:
     return get_schedule(schedule).live(n, stage, num_stages)
 
 
+def live_bound(schedule: str, counts, stage: int, num_stages: int) -> int:
+    """Most micro-batches a group at `stage` of `num_stages` keeps live when it runs `counts` (one
+    chunk count per source pipeline). The compiled order of a migrated plan lets each source keep
+    at most its own template's `Schedule.live` live (the list scheduler's per-source limit,
+    `core.program._greedy_orders`), so the sum bounds the compiled count; with one source (no
+    migration) it is the Schedule's count exactly."""
+    sched = get_schedule(schedule)
+    return sum(sched.live(n, stage, num_stages) for n in counts if n > 0)
+
+
 def device_memory(job, stage: Stage, index: int, num_stages: int, chunks: int, dp: int) -> dict[int, float]:
     """Peak bytes per device of `stage` (position `index` of `num_stages`) running `chunks` chunks
     under `job.schedule`, its layers held by `dp` groups (`memory.device_bytes`).
@@ -111,20 +124,13 @@ def plan_memory(job, plan: Plan, exact: bool = True) -> dict[int, float]:
     keeps at most `Schedule.live` of each source pipeline's chunks live at a group, so the sum
     over sources is an upper bound (equal to the exact count for plans without migration)."""
     parts = stage_parts(grad_segments(plan))
-    sched = get_schedule(plan.schedule)
     if plan.assignment and exact:
         live = compile_plan(plan).live_peaks()
     else:
-        count: dict[tuple[int, int, int], int] = {}  # (replica, stage, source) -> chunks
-        for d, stages in enumerate(plan.replicas):
-            for i in range(len(stages)):
-                count[(d, i, d)] = plan.microbatches[d]
-        for src, _, i, dst in plan.assignment:
-            count[(src, i, src)] -= 1
-            count[(dst, i, src)] = count.get((dst, i, src), 0) + 1
-        live = {}
-        for (d, i, _), n in count.items():
-            live[(d, i)] = live.get((d, i), 0) + sched.live(n, i, len(plan.replicas[d]))
+        live = {
+            (d, i): live_bound(plan.schedule, by_src.values(), i, len(plan.replicas[d]))
+            for (d, i), by_src in chunk_counts(plan).items()
+        }
     out = {}
     cache: dict = {}
     for d, stages in enumerate(plan.replicas):
@@ -138,6 +144,44 @@ def plan_memory(job, plan: Plan, exact: bool = True) -> dict[int, float]:
             for dev, (static, act) in zip(st.devices, cache[key]):
                 out[dev] = static + n * act
     return out
+
+
+def chunk_counts(plan: Plan) -> dict[tuple[int, int], dict[int, int]]:
+    """Per group (replica, stage): how many chunks of each source replica it runs."""
+    count: dict[tuple[int, int], dict[int, int]] = {}
+    for d, stages in enumerate(plan.replicas):
+        for i in range(len(stages)):
+            count[(d, i)] = {d: plan.microbatches[d]}
+    for src, _, i, dst in plan.assignment:
+        count[(src, i)][src] -= 1
+        count[(dst, i)][src] = count[(dst, i)].get(src, 0) + 1
+    return count
+
+
+def chunk_memory_check(job, plan):
+    """`mem_ok(group, counts)` for the migration planners: whether group (replica, stage) of
+    `plan` (a Plan or a layout.Draft, before its moves) stays within usable HBM while it runs
+    `counts[src]` chunks of each source replica src.
+
+    The formula of `plan_memory` for the plan the moves give (its gradient segments' parts, the
+    live count `live_bound`): a plan built only from moves this check accepts passes
+    `fits_memory` without being compiled."""
+    parts = stage_parts(grad_segments(plan))
+    cap = usable_bytes(job)
+    bytes_of: dict = {}
+
+    def mem_ok(g, counts) -> bool:
+        d, i = g
+        st = plan.replicas[d][i]
+        if st.hollow:
+            return False
+        key = (st.tp_split, st.ffn_split, parts[g])
+        if key not in bytes_of:
+            bytes_of[key] = memory.device_bytes(job.model, *key, job.workload.seq_len)
+        live = live_bound(job.schedule, counts.values(), i, len(plan.replicas[d]))
+        return all(static + live * act <= cap for static, act in bytes_of[key])
+
+    return mem_ok
 
 
 def usable_bytes(job) -> float:
@@ -174,11 +218,12 @@ def fits_memory(job, plan: Plan) -> bool:
     return max(plan_memory(job, plan).values(), default=0.0) <= cap
 
 
-def iteration_time(job, plan: Plan, cluster, evaluator: str = "auto") -> float:
-    """Predicted iteration seconds (`resihp.sim.predict`, the ITP with the analytical cost model).
-    `evaluator`: "auto" or "predict", the same (the policies' option; there is no other path)."""
+def iteration_time(job, plan: Plan, cluster, evaluator: str = "auto", iterations=(0,), **options) -> float:
+    """Predicted iteration seconds (`resihp.sim.predict`, the ITP with the analytical cost model)
+    under cost `options`, the mean over the packed batches of `iterations`. `evaluator`: "auto" or
+    "predict", the same (the policies' option; there is no other path)."""
     if evaluator not in ("auto", "predict"):
         raise ValueError(f"evaluator = {evaluator!r}: allowed: auto, predict")
     from resihp.sim.predict import predict
 
-    return predict(job, plan, cluster).iteration_s
+    return sum(predict(job, plan, cluster, it, **options).iteration_s for it in iterations) / len(iterations)

@@ -12,15 +12,20 @@ it; layer splits from the running plan's where they keep one):
   that lost a device) combined with
   - "exclude": the current layer split, no migration (when no stage is hollow);
   - "pipeline": an exact min-max split per replica (when no stage is hollow);
+  - "packed": the groups of each stage index re-dealt so the slow ones gather in the replicas
+    already slowest (layout.packed), then "pipeline"'s split (when no stage is hollow);
   - "balance": per-stage makespan migration by micro-batch cost, then one exact min-max split on
-    the resulting per-stage makespans (the common split lets any replica run any stage's work);
-    on large jobs only when some stage is hollow.
+    the resulting per-stage makespans (the common split lets any replica run any stage's work),
+    the moves under the exact memory check at that split; on large jobs only when a stage is hollow.
 
-While a slow link is known, every candidate also comes relinked (ranks re-mapped so no transfer
-uses the slow pair) and re-weighted (micro-batches per replica by rate), PP transfers take the CPU
-path, and every candidate gets the full ITP pass (the proxy does not see links); see links.py.
+Every candidate without migration also comes re-split ("+resplit": the global batch over its
+replicas by rate, split.py). While a slow link is known, every candidate instead comes relinked
+(ranks re-mapped so no transfer uses the slow pair) and re-weighted (the same re-split, by each
+replica's ITP under the link), PP transfers take the CPU path, and every candidate gets the full
+ITP pass (the proxy does not see links); see links.py.
 
-Candidates are ranked by a cheap proxy and costed by the full ITP in that order (choose_plan).
+Candidates are ranked by a cheap proxy and costed by the full ITP in that order (choose_plan), on
+the mean of packed batches 1..`samples` (`_iterations`).
 """
 
 from __future__ import annotations
@@ -29,20 +34,32 @@ import math
 
 from resihp.core.plan import Plan
 
-from .base import Decision, Policy
-from .layout import assemble, cover_lost_stages, select_groups, standby_of
+from .base import Decision, Policy, same_work
+from .layout import assemble, cover_lost_stages, packed, select_groups, standby_of
 from .links import link_candidates, link_options, link_time
 from .migrate import balance_stage, microbatch_costs, stage_bottleneck
-from .model import fits_memory, group_speed, head_layers, max_layers
+from .model import SPREAD_MICROBATCHES, chunk_memory_check, fits_memory, group_speed, head_layers, max_layers
 from .paper import ResiHPPaper
 from .partition import minmax_partition
 from .proxy import proxy_time
 from .reconfig import reconfig_cost
+from .split import resplit
 from .tp import uneven_stage
 
 
 def layer_counts(plan: Plan) -> list[tuple[int, ...]]:
     return [tuple(st.num_layers for st in stages) for stages in plan.replicas]
+
+
+def resplit_candidates(ctx, cands, cluster, alone_s) -> list[tuple[str, Plan]]:
+    """`cands` re-split over their replicas by rate (split.resplit, one cache of replica passes
+    for all), those that change."""
+    out, cache = [], {}
+    for label, cand in cands:
+        new = resplit(ctx, cand, cluster, alone_s, cache=cache)
+        if new is not cand:
+            out.append((f"{label}+resplit", new))
+    return out
 
 
 class ResiHP(Policy):
@@ -55,8 +72,11 @@ class ResiHP(Policy):
     def __init__(
         self, horizon_s: float = 1800.0, planning_s: float = 0.1, evaluator: str = "auto",
         min_gain: float = 0.01, delta: int = 1, dag_top: int = 4, include_paper: bool | None = None,
-        large_chunks: int = 20000,
+        large_chunks: int = 20000, samples: int | None = None,
     ) -> None:  # fmt: skip
+        if samples is not None and samples < 1:
+            raise ValueError(f"samples = {samples!r}: must be >= 1 (or None: the default)")
+        self.samples = samples
         self.horizon_s = horizon_s
         self.planning_s = planning_s
         self.evaluator = evaluator
@@ -104,44 +124,86 @@ class ResiHP(Policy):
         v = {g: c[1] for g, c in chosen.items()}
         hollow = any(s <= 0 for s in v.values())
         caps = {g: max_layers(ctx, c[0], g[1], pp, m, dp) for g, c in chosen.items()}
+        caps.update({(c[0].devices, g[1]): caps[g] for g, c in chosen.items()})  # by group, for `packed`
         if not hollow:
             current = layer_counts(plan)
             if len(current) == dp and all(len(c) == pp for c in current):
                 out.append(("exclude", assemble(ctx, chosen, current, standby).to_plan()))
-            try:
-                splits = [
-                    minmax_partition(L, [v[(d, i)] for i in range(pp)], [caps[(d, i)] for i in range(pp)],
-                                     last_cost=head)
-                    for d in range(dp)
-                ]  # fmt: skip
-                out.append(("pipeline", assemble(ctx, chosen, splits, standby).to_plan()))
-            except ValueError:
-                pass
+            gathered = packed(chosen, dp, pp)
+            for label, groups in (("pipeline", chosen), ("packed", gathered)):
+                if groups is None:
+                    continue
+                try:
+                    splits = [
+                        minmax_partition(L, [groups[(d, i)][1] for i in range(pp)],
+                                         [caps[groups[(d, i)][0].devices, i] for i in range(pp)],
+                                         last_cost=head)
+                        for d in range(dp)
+                    ]  # fmt: skip
+                    out.append((label, assemble(ctx, groups, splits, standby).to_plan()))
+                except ValueError:
+                    pass
         if hollow or not self._large(ctx):  # costing a migrated plan is slow at scale
             try:
                 out.append(("balance", self._balanced(ctx, chosen, standby, v, caps, cluster)))
             except ValueError:
                 pass
+        if not cluster.links:  # with a slow link, link_candidates re-weights the relinked variants
+            alone = (lambda p: link_time(ctx, p, cluster, self.evaluator)) if self.dag_top > 0 else None
+            out += resplit_candidates(ctx, out, cluster, alone)
         return link_candidates(ctx, out, cluster, self.evaluator, lean=self._large(ctx))
 
-    def _balanced(self, ctx, chosen, standby, v, caps, cluster) -> Plan:
+    def _balanced(self, ctx, chosen, standby, v, caps, cluster, rounds: int = 3) -> Plan:
+        """The "balance" candidate: per-stage makespan migration, then one min-max split on the
+        per-stage makespans it leaves. Memory depends on the split and the split on the moves, so
+        the moves are first made unconstrained (on a placeholder split), then again under the
+        exact memory check at the split they gave (`chunk_memory_check`), until the split stays
+        (at most `rounds` times): the moves returned always fit at the split returned."""
         dp, pp, L = ctx.dp, ctx.pp, ctx.model.num_layers
         draft = assemble(ctx, chosen, [(1,) * (pp - 1) + (L - pp + 1,)] * dp, standby)
         costs = microbatch_costs(ctx, draft)
+        live_caps = [min(caps[(d, i)] for d in range(dp) if v[(d, i)] > 0) for i in range(pp)]
+        mem_ok, counts = None, None
+        for _ in range(rounds + 1):
+            eff, moves = self._stage_moves(ctx, v, costs, draft.microbatches, mem_ok)
+            new = minmax_partition(L, eff, live_caps, last_cost=head_layers(ctx.model))
+            if mem_ok is not None and new == counts:
+                break
+            counts = new
+            draft = assemble(ctx, chosen, [counts] * dp, standby)
+            mem_ok = chunk_memory_check(ctx, draft)
+        else:
+            eff, moves = self._stage_moves(ctx, v, costs, draft.microbatches, mem_ok)  # at `counts`
+        return draft.to_plan(sorted(moves))
+
+    def _stage_moves(self, ctx, v, costs, microbatches, mem_ok) -> tuple[list[float], list[tuple]]:
+        """(per-stage effective speed, moves) of `balance_stage` at every stage; `mem_ok(group,
+        counts)` as in migrate.py, None for no memory check."""
+        dp, pp = ctx.dp, ctx.pp
         eff, moves = [], []
         for i in range(pp):
             scale = {d: 1.0 / v[(d, i)] if v[(d, i)] > 0 else math.inf for d in range(dp)}
-            chunks = [(d, (d, j), costs[d][j]) for d in range(dp) for j in range(draft.microbatches[d])]
+            chunks = [(d, (d, j), costs[d][j]) for d in range(dp) for j in range(microbatches[d])]
             if len(set(scale.values())) == 1:  # equal replicas: nothing to balance at this stage
                 eff.append(1.0 / max(sum(costs[d]) * scale[d] for d in range(dp)))
                 continue
             mean = sum(c for _, _, c in chunks) / sum(1 / s for s in scale.values() if math.isfinite(s))
-            where = balance_stage(scale, chunks, None, self.min_gain * mean)
+            ok = None if mem_ok is None else (lambda d, counts, i=i: mem_ok((d, i), counts))
+            where = balance_stage(scale, chunks, ok, self.min_gain * mean)
             eff.append(1.0 / stage_bottleneck(scale, chunks, where))
             moves += [(d, j, i, g) for (d, j), g in where.items() if g != d]
-        live_caps = [min(caps[(d, i)] for d in range(dp) if v[(d, i)] > 0) for i in range(pp)]
-        counts = minmax_partition(L, eff, live_caps, last_cost=head_layers(ctx.model))
-        return assemble(ctx, chosen, [counts] * dp, standby).to_plan(sorted(moves))
+        return eff, moves
+
+    def _iterations(self, ctx) -> tuple[int, ...]:
+        """The packed batches a candidate is priced on: the first `samples` iterations' (default
+        3, or 1 for a global batch of SPREAD_MICROBATCHES or more, whose own spread averages the
+        length variation), so the choice follows the expected rate, not one batch's packing."""
+        n = (
+            self.samples
+            if self.samples is not None
+            else (1 if ctx.global_microbatches >= SPREAD_MICROBATCHES else 3)
+        )
+        return tuple(range(1, n + 1))
 
     def _large(self, ctx) -> bool:
         """More stage-chunks per iteration than `large_chunks`: no paper or migration candidates."""
@@ -184,7 +246,7 @@ class ResiHP(Policy):
         if self.dag_top <= 0:
             it = proxy_time(ctx, cand, cluster)
         else:
-            it = link_time(ctx, cand, cluster, self.evaluator)
+            it = link_time(ctx, cand, cluster, self.evaluator, self._iterations(ctx))
         return self._score(it, rc.pause_s), it
 
     def _best(self, ctx, plan: Plan, cands, cluster) -> tuple[str, Plan, float, object]:
@@ -230,8 +292,7 @@ class ResiHP(Policy):
             label, new, it, rc = self._best(ctx, plan, cands, cluster)
         except ValueError as exc:
             return Decision(None, reason=f"abort: {exc}")
-        same = new is plan or (new.replicas == plan.replicas and new.assignment == plan.assignment)
-        if same:
+        if new is plan or same_work(new, plan):
             new = plan
         else:
             new = new.with_changes(generation=plan.generation + 1, schedule=plan.schedule)

@@ -10,6 +10,11 @@ group, the steady-state 1F1B slot. After every completion at stage i, Algorithm 
     if P[d_max] - P[d_min] > delta: move d_min's next not-started native chunk to d_max,
                                     if d_max's memory fits one more (at its arrival)
 
+`mem_ok(g, counts)` judges a group by its chunk count per source replica (`counts[src]`): a
+migrated plan's compiled order keeps up to one template's live count per source pipeline, so one
+more chunk from a new source costs more memory than one more from a source already there
+(`sched.model.chunk_memory_check`).
+
 Fail-stop eviction (no delta test): a hollow group's chunks are dealt out at the first slot, each
 to the live peer with the least queued work (the one projected to be most advanced), memory
 permitting. Each chunk moves at most once, so the loop ends.
@@ -37,21 +42,26 @@ def progress_migrate(
     peers = stage_peers(plan)
     groups = [(d, i) for d, stages in enumerate(plan.replicas) for i in range(len(stages))]
     queue = {g: [(j, g[0]) for j in range(plan.microbatches[g[0]])] for g in groups}
-    count = {g: len(q) for g, q in queue.items()}
+    held = {g: {g[0]: len(q)} for g, q in queue.items()}  # chunks per source replica
     queued = {g: sum(costs[g[0]]) * scale[g] if math.isfinite(scale[g]) else 0.0 for g in groups}
     execu: dict = {}
     native = {g: deque(range(plan.microbatches[g[0]])) for g in groups}  # not started, not moved
 
-    def fits(g, n) -> bool:
-        return mem_ok is None or mem_ok(g, n)
+    def fits(g, src) -> bool:
+        """Whether group g can run one more chunk of source replica `src`."""
+        if mem_ok is None:
+            return True
+        counts = dict(held[g])
+        counts[src] = counts.get(src, 0) + 1
+        return mem_ok(g, counts)
 
     def move(src, j, i, dst) -> None:
         g, h = (src, i), (dst, i)
         queue[g].remove((j, src))
         native[g].remove(j)
         bisect.insort(queue[h], (j, src))
-        count[g] -= 1
-        count[h] += 1
+        held[g][src] -= 1
+        held[h][src] = held[h].get(src, 0) + 1
         queued[h] += costs[src][j] * scale[h]
         execu[(src, j, i)] = dst
 
@@ -61,7 +71,7 @@ def progress_migrate(
             continue
         live = [e for e in peers[i][d] if math.isfinite(scale[(e, i)])]
         for j, src in list(queue[(d, i)]):
-            ok = [e for e in live if fits((e, i), count[(e, i)] + 1)]
+            ok = [e for e in live if fits((e, i), src)]
             if not ok:
                 raise ValueError(f"stage {i} of replica {d} is lost and no peer can take its work")
             e = min(ok, key=lambda e: (queued[(e, i)] + costs[src][j] * scale[(e, i)], e))
@@ -111,7 +121,7 @@ def progress_migrate(
         if progress[(d_max, i)] - progress[(d_min, i)] <= delta:
             return
         pending = native[(d_min, i)]
-        if pending and fits((d_max, i), count[(d_max, i)] + 1):
+        if pending and fits((d_max, i), d_min):
             move(d_min, pending[0], i, d_max)
             try_start((d_max, i), now)
             try_start((d_min, i), now)

@@ -14,7 +14,7 @@ import random
 from resihp.core.cluster import Cluster
 from resihp.core.plan import Plan
 from resihp.core.scenario import Job
-from resihp.sched.model import pipeline_key
+from resihp.sched.model import SPREAD_MICROBATCHES, pipeline_key
 
 from .predict import predict
 
@@ -28,7 +28,7 @@ class PlanTimer:
 
     def __init__(self, job: Job, seed: int = 0, samples: int | None = None):
         if samples is None:  # a large global batch already averages its own length variation
-            samples = 3 if job.global_microbatches < 256 else 1
+            samples = 3 if job.global_microbatches < SPREAD_MICROBATCHES else 1
         if samples < 1:
             raise ValueError(f"samples = {samples!r}: must be >= 1")
         rng = random.Random(f"timer:{seed}")

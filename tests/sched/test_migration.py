@@ -61,7 +61,7 @@ def test_memory_blocks_migration():
     plan = _plan()
     scale = {(d, i): 1.0 for d in range(3) for i in range(4)}
     costs = [[1.0, 1.0, 1.0], [1.0, 2.0, 1.0], [1.0, 1.0, 1.0]]
-    full = lambda g, n: n <= 3  # noqa: E731
+    full = lambda g, counts: sum(counts.values()) <= 3  # noqa: E731
     assert progress_migrate(plan, scale, costs, mem_ok=full, delta=0, affected_only=False) == []
 
 
