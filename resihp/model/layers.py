@@ -15,12 +15,18 @@ norm, each rank's norm-weight and replicated-kv gradients are partial; `sharding
 completes them.
 
 A micro-batch is one packed window of N tokens (no batch dimension). Attention is causal and only
-within a segment (a document piece); RoPE positions restart at 0 at every segment start.
+within a segment (a document piece); RoPE positions restart at 0 at every segment start. The
+packer keeps every segment contiguous, so the window's attention is one causal attention per
+document (`Docs`, `attention`): its cost grows with the sum of the squared document lengths, as
+the cost model says (`c0 + a·N + b·Σl²`), instead of with N² as a dense masked attention's would.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -66,11 +72,90 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def segment_mask(segment_ids: torch.Tensor) -> torch.Tensor:
-    """Boolean (N, N) mask, True where query i may attend key j: same segment and j <= i."""
+    """Boolean (N, N) mask, True where query i may attend key j: same segment and j <= i. Only the
+    tests' oracle uses it (`attention` with a mask is the dense path)."""
     same = segment_ids[:, None] == segment_ids[None, :]  # (N, N)
     n = segment_ids.shape[0]
     causal = torch.ones(n, n, dtype=torch.bool, device=segment_ids.device).tril()  # (N, N)
     return same & causal
+
+
+@dataclass(frozen=True)
+class Docs:
+    """The documents of a packed window: consecutive segments of `lens` tokens (sum N), known on the
+    host so that choosing the kernels never waits for the device."""
+
+    lens: tuple[int, ...]
+    _cu: dict = field(default_factory=dict, compare=False, repr=False)  # device -> cumulative lengths
+
+    @staticmethod
+    def of(segment_ids: torch.Tensor) -> Docs:
+        """From segment ids whose equal values are contiguous (a device tensor costs one host sync)."""
+        _, counts = torch.unique_consecutive(segment_ids.cpu(), return_counts=True)
+        return Docs(tuple(counts.tolist()))
+
+    def spans(self) -> list[tuple[int, int]]:
+        out, lo = [], 0
+        for n in self.lens:
+            out.append((lo, lo + n))
+            lo += n
+        return out
+
+    def cu(self, device: torch.device) -> torch.Tensor:
+        """(D + 1,) int32 cumulative lengths on `device` (varlen kernels), built once per device."""
+        if device not in self._cu:
+            bounds = [0] + [b for _, b in self.spans()]
+            self._cu[device] = torch.tensor(bounds, dtype=torch.int32, device=device)
+        return self._cu[device]
+
+
+@functools.cache
+def _varlen() -> Callable | None:
+    """`torch.nn.attention.varlen.varlen_attn` as f(q, k, v, cu, max_len) -> (T, H, hd), causal; None
+    where torch has none. Its causal flag moved: `is_causal=True` (torch 2.10) became
+    `window_size=(-1, 0)` (2.12); both are recognised by the signature."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    params = inspect.signature(varlen_attn).parameters
+    if "is_causal" in params:
+        return lambda q, k, v, cu, m: varlen_attn(q, k, v, cu, cu, m, m, is_causal=True)
+    if "window_size" in params:
+        return lambda q, k, v, cu, m: varlen_attn(q, k, v, cu, cu, m, m, window_size=(-1, 0))
+    return None
+
+
+def attention_path(q: torch.Tensor, docs: Docs | torch.Tensor) -> str:
+    """Which kernel `attention` runs: "dense" (a mask: the oracle), "causal" (one document),
+    "varlen" (fused flash attention over every document: CUDA, bf16/fp16), or "per-doc" (one causal
+    attention per document: CPU, and fp32 on CUDA, which the flash kernels do not take)."""
+    if isinstance(docs, torch.Tensor):
+        return "dense"
+    if len(docs.lens) == 1:
+        return "causal"
+    if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and _varlen() is not None:
+        return "varlen"
+    return "per-doc"
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Docs | torch.Tensor) -> torch.Tensor:
+    """Causal attention inside each document: q, k, v (H, N, hd) -> (H, N, hd). `docs` a boolean
+    (N, N) mask (`segment_mask`) runs the dense masked path, the tests' oracle."""
+    path = attention_path(q, docs)
+    if path == "dense":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=docs)
+    if path == "causal":
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if path == "varlen":
+        t = [x.transpose(0, 1).contiguous() for x in (q, k, v)]  # (N, H, hd) each
+        out = _varlen()(*t, docs.cu(q.device), max(docs.lens))  # (N, H, hd)
+        return out.transpose(0, 1)  # (H, N, hd)
+    parts = [
+        F.scaled_dot_product_attention(q[:, a:b], k[:, a:b], v[:, a:b], is_causal=True)  # (H, l, hd)
+        for a, b in docs.spans()
+    ]
+    return torch.cat(parts, dim=1)  # (H, N, hd)
 
 
 class Attention(nn.Module):
@@ -98,7 +183,7 @@ class Attention(nn.Module):
         kv_of_q = torch.tensor([(q0 + i) // group - k0 for i in range(self.num_q)], dtype=torch.long)
         self.register_buffer("kv_of_q", kv_of_q, persistent=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor):
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, docs: Docs | torch.Tensor):
         n, hd = x.shape[0], self.head_dim
         q = F.linear(x, self.wq, self.bq).view(n, self.num_q, hd).transpose(0, 1)  # (Hq, N, hd)
         k = F.linear(x, self.wk, self.bk).view(n, self.num_kv, hd).transpose(0, 1)  # (Hkv, N, hd)
@@ -106,7 +191,7 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k = k.index_select(0, self.kv_of_q)  # (Hq, N, hd)
         v = v.index_select(0, self.kv_of_q)  # (Hq, N, hd)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (Hq, N, hd)
+        out = attention(q, k, v, docs)  # (Hq, N, hd)
         out = out.transpose(0, 1).reshape(n, self.num_q * hd)  # (N, Hq*hd)
         return F.linear(out, self.wo)  # (N, h) partial sum over this shard's heads
 
@@ -136,8 +221,8 @@ class DecoderLayer(nn.Module):
         self.mlp_norm = Weight(spec.hidden)
         self.mlp = MLP(spec, ffn_split, rank)
 
-    def attn_branch(self, x, cos, sin, mask) -> torch.Tensor:
-        return self.attn(rms_norm(x, self.attn_norm.weight), cos, sin, mask)  # (N, h) partial
+    def attn_branch(self, x, cos, sin, docs) -> torch.Tensor:
+        return self.attn(rms_norm(x, self.attn_norm.weight), cos, sin, docs)  # (N, h) partial
 
     def mlp_branch(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(rms_norm(x, self.mlp_norm.weight))  # (N, h) partial
@@ -147,9 +232,9 @@ class DecoderLayer(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor,
+        docs: Docs | torch.Tensor,
         enter: Callable[[torch.Tensor], torch.Tensor] = identity,
         reduce: Callable[[torch.Tensor], torch.Tensor] = identity,
     ) -> torch.Tensor:
-        x = x + reduce(self.attn_branch(enter(x), cos, sin, mask))  # (N, h)
+        x = x + reduce(self.attn_branch(enter(x), cos, sin, docs))  # (N, h)
         return x + reduce(self.mlp_branch(enter(x)))  # (N, h)

@@ -4,6 +4,7 @@ TOML layout (every key optional; defaults = the embedded default job):
 
     [model]
     preset = "tiny"              # resihp.core.model_spec presets
+    activation_checkpointing = false  # recompute each block's activations in the backward
     [parallel]
     tp = 2
     pp = 2
@@ -32,6 +33,9 @@ TOML layout (every key optional; defaults = the embedded default job):
     heartbeat_timeout_s = 3.0    # a worker silent this long is hung: killed, then a fail-stop (1 to 60)
     devices_per_node = 8         # optional: devices d // devices_per_node share a node agent (default: all)
     detect_slow = true           # watch live timings for fail-slows and slow links, replan (false: off)
+    device = "cpu"               # cpu | cuda: one local GPU per member (its local rank on the node)
+    backend = "gloo"             # gloo (cpu) | nccl (cuda); default: the device's
+    precision = "fp32"           # fp32 | bf16 (autocast compute; fp32 master weights and AdamW state)
     [policy]
     name = "resihp"              # the scheduler policy that replans (`resihp policies` lists them)
     horizon_s = 600              # ... plus its options (keyword arguments of the policy class)
@@ -58,7 +62,7 @@ from resihp.sched.registry import build_policy
 
 from .control.liveness import HEARTBEAT_TIMEOUT_RANGE_S, HEARTBEAT_TIMEOUT_S
 from .faults import load_faults
-from .job import OptimConfig
+from .job import BACKENDS, DEVICES, PRECISIONS, OptimConfig
 from .state.dirlock import check_free
 
 MAX_WORKERS_PER_CORE = 16
@@ -66,7 +70,7 @@ P2P_MODES = ("root", "chunked")
 
 # TOML section -> {key in the file: dataclass field}
 SECTIONS: dict[str, dict[str, str]] = {
-    "model": {"preset": "model"},
+    "model": {"preset": "model", "activation_checkpointing": "activation_checkpointing"},
     "parallel": {k: k for k in ("tp", "pp", "dp", "schedule", "microbatches", "seq_len", "p2p")},
     "workload": {"lengths": "lengths", "seed": "data_seed"},
     "optim": {"lr": "lr", "weight_decay": "weight_decay"},
@@ -84,6 +88,9 @@ SECTIONS: dict[str, dict[str, str]] = {
         "heartbeat_timeout_s": "heartbeat_timeout_s",
         "devices_per_node": "devices_per_node",
         "detect_slow": "detect_slow",
+        "device": "device",
+        "backend": "backend",
+        "precision": "precision",
     },
     "policy": {"name": "policy"},  # every other key of [policy] is an option of that policy
 }
@@ -118,6 +125,10 @@ class TrainConfig:
     heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S
     devices_per_node: int | None = None  # None: every device on one node (one agent)
     detect_slow: bool = True
+    device: str = "cpu"
+    backend: str | None = None  # None: the device's (`job.BACKENDS`)
+    precision: str = "fp32"
+    activation_checkpointing: bool = False
     policy: str = "resihp"
     policy_options: dict = field(default_factory=dict)
 
@@ -152,7 +163,19 @@ class TrainConfig:
                 f"run.devices_per_node = {v!r}: must be a positive integer (devices d with the same "
                 "d // devices_per_node share a node agent; leave it out for one node)"
             )
-        for name in ("timing", "detect_slow"):
+        if self.device not in DEVICES:
+            raise ValueError(f"run.device = {self.device!r}: allowed: {', '.join(DEVICES)}")
+        want = BACKENDS[self.device]
+        if self.backend is not None and self.backend not in BACKENDS.values():
+            raise ValueError(f"run.backend = {self.backend!r}: allowed: {', '.join(BACKENDS.values())}")
+        if self.backend is not None and self.backend != want:
+            raise ValueError(
+                f"run.backend = {self.backend!r} with run.device = {self.device!r}: allowed: {want!r} "
+                f"({', '.join(f'{b} on {d}' for d, b in BACKENDS.items())})"
+            )
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"run.precision = {self.precision!r}: allowed: {', '.join(PRECISIONS)}")
+        for name in ("timing", "detect_slow", "activation_checkpointing"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{_WHERE[name]} = {getattr(self, name)!r}: must be true or false")
         self.build_policy()  # policy.name and its options
@@ -178,6 +201,11 @@ class TrainConfig:
     def spec(self) -> ModelSpec:
         return model_preset(self.model)
 
+    @property
+    def backend_name(self) -> str:
+        """`run.backend`, or the device's default."""
+        return self.backend or BACKENDS[self.device]
+
     def build_policy(self) -> Policy:
         """The `[policy]` section's policy with its options; ValueError naming `policy.KEY`."""
         if not isinstance(self.policy_options, dict):
@@ -193,7 +221,7 @@ class TrainConfig:
     def plan(self) -> Plan:
         """The uniform tp x pp x dp plan; ValueError when it does not fit the model or the workers."""
         plan = Plan.uniform(self.spec, self.tp, self.pp, self.dp, self.microbatches, self.schedule)
-        check_fits(plan, self.workers)
+        check_fits(plan, self.workers, self.device)
         return plan
 
     def to_dict(self) -> dict:
@@ -238,7 +266,7 @@ def check_run(config: TrainConfig, plan: Plan, start: int = 0) -> tuple[FaultSpe
     anything starts: the plan fits the workers, the paths (`check_paths`), and the faults file
     (`core.faults.check_faults` on the plan's devices, iterations `[start, run.iterations)` and the
     link model of `run.link_mb_per_s`). Returns the checked faults."""
-    check_fits(plan, config.workers)
+    check_fits(plan, config.workers, config.device)
     config.check_paths()
     faults = load_faults(config.faults) if config.faults else ()
     return check_faults(
@@ -246,11 +274,14 @@ def check_run(config: TrainConfig, plan: Plan, start: int = 0) -> tuple[FaultSpe
     )
 
 
-def check_fits(plan: Plan, workers: int) -> None:
-    """ValueError when the plan needs more devices than `workers` or the machine can host them."""
+def check_fits(plan: Plan, workers: int, device: str = "cpu") -> None:
+    """ValueError when the plan needs more devices than `workers` or, on CPU, than the machine's cores
+    can host (on CUDA the GPUs are the limit: `exec.device.check_cuda`, which needs torch)."""
     need = len(plan.devices())
     if need > workers:
         raise ValueError(f"the plan needs {need} devices but run.workers = {workers}")
+    if device != "cpu":
+        return
     cores = os.cpu_count() or 1
     if need > MAX_WORKERS_PER_CORE * cores:
         raise ValueError(

@@ -9,7 +9,11 @@ from dataclasses import dataclass, field
 from resihp.core.model_spec import ModelSpec
 from resihp.core.workload import Workload
 
-__all__ = ["JobSpec", "OptimConfig", "WorkerFailed"]
+__all__ = ["BACKENDS", "DEVICES", "PRECISIONS", "JobSpec", "OptimConfig", "WorkerFailed"]
+
+DEVICES = ("cpu", "cuda")  # `run.device`: what every member computes on
+BACKENDS = {"cpu": "gloo", "cuda": "nccl"}  # `run.backend`: the one allowed per device (its default)
+PRECISIONS = ("fp32", "bf16")  # `run.precision`: compute dtype; master weights and Adam stay fp32
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,13 @@ class JobSpec:
     checkpoint_dir: str | None = None
     resume: str | None = None
     snapshots: bool = False  # keep a peer's committed shard in memory (state/snapshot.py)
+    # Device backend (exec/device.py): every tensor of a member lives on its device; on CUDA a
+    # member takes GPU `device % devices_per_node` (its local rank on the node; None: one node).
+    device: str = "cpu"
+    backend: str = "gloo"
+    precision: str = "fp32"
+    activation_checkpointing: bool = False
+    devices_per_node: int | None = None
 
 
 class WorkerFailed(RuntimeError):

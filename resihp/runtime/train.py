@@ -135,8 +135,12 @@ def run_training(
                 f"--resume: the checkpoint is at iteration {start}, run.iterations = {config.iterations}"
             )
     faults = check_run(config, plan, start)
+    if config.device == "cuda":  # the GPUs, before any process starts (needs torch: not in check_run)
+        from .exec.device import check_cuda
+
+        check_cuda([*plan.devices(), *plan.standby], config.devices_per_node)
     for _, p in replans:
-        check_fits(p, config.workers)
+        check_fits(p, config.workers, config.device)
         if not set(p.devices()) | set(p.standby) <= set(plan.devices()) | set(plan.standby):
             raise ValueError(f"a replan uses devices outside the initial plan: {p.devices()}")
     workload = config.workload()
@@ -155,6 +159,11 @@ def run_training(
         checkpoint_dir=config.checkpoint_dir,
         resume=resume,
         snapshots=config.snapshots,
+        device=config.device,
+        backend=config.backend_name,
+        precision=config.precision,
+        activation_checkpointing=config.activation_checkpointing,
+        devices_per_node=config.devices_per_node,
     )
     rows: list[dict] = []
     events: list[dict] = []

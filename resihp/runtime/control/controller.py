@@ -38,6 +38,7 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
+from resihp.core.faults import FaultSpec
 from resihp.core.plan import Plan
 from resihp.sched.base import Policy
 from resihp.sched.ours import ResiHP
@@ -49,6 +50,7 @@ from ..faults import FaultEnd, TimedFaults, end_event
 from ..job import JobSpec
 from ..state.checkpoint import savers, write_meta
 from ..state.transfer import gather_replicas
+from .abort import ABORT_HUNG_EXIT
 from .board import Board
 from .boundaries import Boundaries
 from .liveness import HEARTBEAT_TIMEOUT_S, START_TIMEOUT_S, JoinBarrier, Liveness
@@ -247,6 +249,9 @@ class Controller:
         for d in dead:
             self.procs.liveness.forget(d)
             cause = self.procs.killed.get(d, "exit")
+            if self.procs.agents.exitcode(d) == ABORT_HUNG_EXIT and self.it + 1 < self.end:
+                cause = "abort-hung"  # its NCCL abort hung (abort.py): a fresh member re-joins
+                self.due.add_rejoin(FaultSpec("rejoin", at_iter=self.it + 1, device=d))
             self.events.append(
                 {"iter": self.it, "kind": "fail-stop", "devices": [d], "cause": cause, "generation": self.gen}
             )

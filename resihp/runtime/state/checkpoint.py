@@ -115,7 +115,9 @@ def load_init(path: str, new: Plan, device: int) -> StageInit | None:
         st = sources[name]
         for d in st.devices:
             if d not in shards:
-                shards[d] = torch.load(os.path.join(path, f"dev{d}.pt"), weights_only=True)
+                shards[d] = torch.load(
+                    os.path.join(path, f"dev{d}.pt"), weights_only=True, map_location="cpu"
+                )
         kinds = 1 if shards[st.devices[0]]["moments"] is None else 3
         for k in range(kinds):
             pieces = [
