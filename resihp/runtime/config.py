@@ -62,7 +62,7 @@ from resihp.sched.registry import build_policy
 
 from .control.liveness import HEARTBEAT_TIMEOUT_RANGE_S, HEARTBEAT_TIMEOUT_S
 from .faults import load_faults
-from .job import BACKENDS, DEVICES, PRECISIONS, OptimConfig
+from .job import BACKENDS, DEVICES, PRECISIONS, JobSpec, OptimConfig
 from .state.dirlock import check_free
 
 MAX_WORKERS_PER_CORE = 16
@@ -223,6 +223,32 @@ class TrainConfig:
         plan = Plan.uniform(self.spec, self.tp, self.pp, self.dp, self.microbatches, self.schedule)
         check_fits(plan, self.workers, self.device)
         return plan
+
+    def job_spec(
+        self, plan: Plan, *, start: int = 0, return_state: bool = False, resume: str | None = None
+    ) -> JobSpec:
+        """What every member of this config's run gets, for `plan` from iteration `start`."""
+        return JobSpec(
+            spec=plan.model,
+            workload=self.workload(),
+            optim=self.optim(),
+            seed=self.seed,
+            iterations=self.iterations - start,
+            start_iteration=start,
+            timing=self.timing,
+            return_state=return_state,
+            p2p=self.p2p,
+            link_mb_per_s=float(self.link_mb_per_s),
+            checkpoint_every=self.checkpoint_every,
+            checkpoint_dir=self.checkpoint_dir,
+            resume=resume,
+            snapshots=self.snapshots,
+            device=self.device,
+            backend=self.backend_name,
+            precision=self.precision,
+            activation_checkpointing=self.activation_checkpointing,
+            devices_per_node=self.devices_per_node,
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -27,7 +27,6 @@ from resihp.sched.base import Policy
 from .config import TrainConfig, check_fits, check_run
 from .control.controller import launch_elastic
 from .control.protocol import Reached
-from .job import JobSpec
 from .state.dirlock import acquire
 
 TRACE_VERSION = 1
@@ -144,27 +143,7 @@ def run_training(
         if not set(p.devices()) | set(p.standby) <= set(plan.devices()) | set(plan.standby):
             raise ValueError(f"a replan uses devices outside the initial plan: {p.devices()}")
     workload = config.workload()
-    job = JobSpec(
-        spec=plan.model,
-        workload=workload,
-        optim=config.optim(),
-        seed=config.seed,
-        iterations=config.iterations - start,
-        start_iteration=start,
-        timing=config.timing,
-        return_state=return_state,
-        p2p=config.p2p,
-        link_mb_per_s=float(config.link_mb_per_s),
-        checkpoint_every=config.checkpoint_every,
-        checkpoint_dir=config.checkpoint_dir,
-        resume=resume,
-        snapshots=config.snapshots,
-        device=config.device,
-        backend=config.backend_name,
-        precision=config.precision,
-        activation_checkpointing=config.activation_checkpointing,
-        devices_per_node=config.devices_per_node,
-    )
+    job = config.job_spec(plan, start=start, return_state=return_state, resume=resume)
     rows: list[dict] = []
     events: list[dict] = []
     lock = acquire(config.checkpoint_dir) if config.checkpoint_dir else None  # released at the end

@@ -48,7 +48,7 @@ def test_gpus_are_checked_and_the_cpu_limit_is_the_cpus_only():
     host's GPUs fail in one line; the cores limit applies to CPU workers only."""
     assert [local_rank(d, 4) for d in (0, 3, 4, 7)] == [0, 3, 0, 3] and local_rank(5, None) == 5
     check_cuda(list(range(8)), None, available=8)
-    with pytest.raises(ValueError, match=r"run\.device = 'cuda': the job needs 8 GPUs on this host, it has 2"):
+    with pytest.raises(ValueError, match=r"the job needs 8 GPUs on this host, it has 2"):
         check_cuda(list(range(8)), None, available=2)
     with pytest.raises(ValueError, match=r"run\.device = 'cuda': this machine has no CUDA device"):
         check_cuda([0], None, available=0)
