@@ -214,26 +214,34 @@ def cost_model(device: str, quick: bool) -> dict:
 
 # ------------------------------------------------------------------------------- slow injection
 def slow_injection(device: str, quick: bool) -> dict:
+    """One run whose odd iterations compute at p = 0.5: per op, the median over slowed iterations of
+    the op's summed compute time over the median over healthy ones (both halves share the load of
+    the same minutes); the first two iterations warm up (on CUDA the first slowed one learns t)."""
     spec, n = (
         (TINY_LM, 256) if quick or device == "cpu" else (ModelSpec("mid", 4, 1024, 16, 4, 2816, 32000), 2048)
     )
-    iterations = 4 if quick else 6
+    iterations = 12 if quick else 16
     plan = Plan.uniform(spec, 1, 1, 1, 2, "1f1b")
     job = JobSpec(spec, Workload(n, 2, "github", 0), device=device, backend=_backend(device),
-                  precision="fp32" if device == "cpu" else "bf16", iterations=iterations)  # fmt: skip
+                  precision="fp32" if device == "cpu" else "bf16")  # fmt: skip
     p = 0.5
-    runs = {
-        name: run_solo(plan, job, hooks=Hooks(slow=lambda it, q=q: q))
-        for name, q in (("healthy", 1.0), ("slow", p))
-    }
+    res = run_solo(plan, job, iterations, hooks=Hooks(slow=lambda it: p if it % 2 else 1.0))
+    healthy, slowed = res.records[2::2], res.records[3::2]
 
-    def median(res, op):  # from the second iteration (the first one learns the spin's length on CUDA)
-        return statistics.median(r.compute_s for rec in res.records[2:] for r in rec["instrs"] if r.op == op)
+    def med(recs, op):
+        return statistics.median(sum(r.compute_s for r in rec["instrs"] if r.op == op) for rec in recs)
 
-    out = {"p": p, "target_slowdown": 1 / p}
+    out = {"p": p, "target_slowdown": 1 / p, "iterations": iterations}
     for op in ("F", "B", "W"):
-        h, s = median(runs["healthy"], op), median(runs["slow"], op)
-        out[op] = {"healthy_s": h, "slow_s": s, "slowdown": s / h if h > 0 else None}
+        h, s_ = med(healthy, op), med(slowed, op)
+        out[op] = {"healthy_s": h, "slow_s": s_, "slowdown": s_ / h if h > 0 else None}
+    out["wall_slowdown"] = statistics.median(r["wall_s"] for r in slowed) / statistics.median(
+        r["wall_s"] for r in healthy
+    )
+    if device == "cpu":  # busy-wait: the process computes the delay
+        out["cpu_slowdown"] = statistics.median(r["cpu_s"] for r in slowed) / statistics.median(
+            r["cpu_s"] for r in healthy
+        )
     return out
 
 

@@ -31,7 +31,7 @@ LAYERS = {
 TORCH_FREE = [
     "job", "faults", "config", "control.protocol", "control.transport", "control.liveness",
     "control.pids", "control.agent", "control.processes", "control.boundaries", "adapt.reconfig",
-    "adapt.slowwatch", "adapt.calibrate", "state.dirlock",
+    "adapt.slowwatch", "adapt.calibrate", "state.dirlock", "exec.p2p",
 ]  # fmt: skip
 
 

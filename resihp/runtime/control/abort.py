@@ -7,12 +7,14 @@ it. So on NCCL the heartbeats decide (the controller learns of a death from the 
 heartbeat timeout, as on gloo), and a survivor frees itself from the controller's decision:
 
 * `AbortWatch`, a thread of every NCCL member, polls the store for the controller's `ABORT` of the
-  iteration in flight (its own store connection) and then aborts every communicator
-  (`_abort_process_group`, torch >= 2.5, all groups inside one NCCL group call; guarded by
-  `hasattr`). That ends the hung kernels, so a host blocked on the device (the synchronisation at
-  STEP, a full launch queue) returns and the main thread's next NCCL call raises: the member
-  reports `Abort` and joins the next generation like a gloo member;
-* leaving a generation tears it down with `bounded(...)`: the abort (or, after a clean
+  iteration in flight (its own store connection) and then aborts every group's communicators
+  (`ProcessGroup.abort()`, meant to be called from another thread; guarded by `hasattr`), keeping
+  torch's bookkeeping of the groups. That ends the hung kernels, so a host blocked on the device
+  (the synchronisation at STEP, a full launch queue) returns, and the main thread's next call on a
+  group raises a `RuntimeError` (`DistBackendError`): the member reports `Abort` and joins the next
+  generation like a gloo member;
+* leaving a generation tears it down with `bounded(...)`: the abort (`_abort_process_group`,
+  torch >= 2.5: every group, inside one NCCL group call, and their bookkeeping; or, after a clean
   generation, the destroy) runs in a thread, and if it has not returned after `ABORT_TIMEOUT_S`
   the member exits with `ABORT_HUNG_EXIT`. Its agent reports the exit, the controller takes it as
   a fail-stop (`"cause": "abort-hung"`) and has a fresh member of the device re-join at the next
@@ -54,6 +56,17 @@ def abort_groups() -> None:
             abort()
         else:
             dist.destroy_process_group()
+
+
+def abort_communicators() -> None:
+    """Abort the communicators of every process group, leaving the groups registered (later calls
+    on them raise; the teardown's `abort_groups` removes them)."""
+    with _ONE_AT_A_TIME:
+        if not dist.is_initialized():
+            return
+        for pg in list(dist.distributed_c10d._world.pg_map):
+            if hasattr(pg, "abort"):
+                pg.abort()
 
 
 def destroy_groups() -> None:

@@ -68,6 +68,7 @@ from .abort import (
     ABORT_TIMEOUT_S,
     NCCL_TIMEOUT_S,
     AbortWatch,
+    abort_communicators,
     abort_groups,
     bounded,
     destroy_groups,
@@ -164,13 +165,14 @@ def _run(
     gen: Generation | None, job, device: int, store, results: Channel, heart: HeartbeatThread, port: int = 0,
     abort=abort_groups,
 ) -> None:  # fmt: skip
-    """`abort`: how an NCCL member aborts its groups (injectable: the tests make it hang)."""
+    """`abort`: how an NCCL member aborts its groups when it leaves a failed generation (injectable:
+    the tests make it hang)."""
     board = Board(store)
     nccl = job.backend == "nccl"
     on_hang = _hung(device, results, heart)
     if nccl:
         nccl_env()
-        guard = AbortWatch(port, lambda: bounded(abort, ABORT_TIMEOUT_S, on_hang))
+        guard = AbortWatch(port, lambda: bounded(abort_communicators, ABORT_TIMEOUT_S, on_hang))
     dev = member_device(job, device)
     end = job.start_iteration + job.iterations
     # generation -> (Holding or None, snapshots): the committed state this member left it with
