@@ -30,10 +30,11 @@ from .p2p import Post, post_schedule
 
 
 class Pipe:
-    """The P2P side of one worker (`worker.Worker` passes itself: plan, groups, job, device, clock)."""
+    """The P2P side of one worker: what it needs of `worker.Worker` is copied, not referenced (no
+    reference cycle: dropping the worker drops its groups at once, `control/member.py`)."""
 
     def __init__(self, worker, program: Program) -> None:
-        self.w = worker
+        self.w = _View(worker)
         self.posts = post_schedule(program, worker.job.p2p, worker.device)
 
     def _stamped(self, now: Iteration, peer: int) -> bool:
@@ -100,7 +101,7 @@ class Pipe:
                     chunk.copy_(msg[:-2].view_as(chunk))
                     peer = w.plan.replicas[ins.peer[0]][ins.peer[1]].devices[w.groups.tp_rank]
                     sent = float(msg[-2]) + float(msg[-1])
-                    self._transfer(peer, ins, sent, posted, chunk.numel() * chunk.element_size())
+                    self._transfer(now, peer, ins, sent, posted, chunk.numel() * chunk.element_size())
             if w.groups.tp_group is not None:
                 chunks = torch.tensor_split(buf, n)
                 for r in range(n):
@@ -115,13 +116,15 @@ class Pipe:
             return 1
         return min(w.stage.tp, w.plan.replicas[peer[0]][peer[1]].tp)
 
-    def _transfer(self, peer: int, ins: Instr, sent: float, posted: float, nbytes: int) -> None:
+    def _transfer(
+        self, now: Iteration, peer: int, ins: Instr, sent: float, posted: float, nbytes: int
+    ) -> None:
         """The link model of a received block (docs/runtime.md, "Fault injection"): the transfer
         starts when both ends are ready (`start` = max(send time, receive posted); one clock, as
         `perf_counter` is CLOCK_MONOTONIC, system-wide on Linux) and lasts max(measured, nbytes /
         `job.link_mb_per_s`) / f, f the injected link factor (1 when healthy): the receiver sleeps
         until then. Records the block's `LinkRow` in the iteration's `transfers`."""
-        w, now = self.w, self.w.now
+        w = self.w
         start = max(sent, posted)
         bw = w.job.link_mb_per_s * 1e6
         wire = max(time.perf_counter() - start, nbytes / bw if bw > 0 else 0.0)
@@ -132,3 +135,12 @@ class Pipe:
         if w.clock.enabled:
             took = round(time.perf_counter() - start, 7)
             now.transfers.append(LinkRow(peer, w.device, ins.what, ins.src, ins.mb, nbytes, took))
+
+
+class _View:
+    """The worker's fields the pipe reads (all fixed for the worker's life)."""
+
+    def __init__(self, worker) -> None:
+        for name in ("plan", "groups", "job", "dev", "clock", "spec", "workload", "device", "stage"):
+            setattr(self, name, getattr(worker, name))
+        self.replica, self.stage_index = worker.replica, worker.stage_index

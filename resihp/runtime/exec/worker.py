@@ -36,6 +36,7 @@ are read once, after the device is synchronised at STEP. Injected slowness is de
 
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
@@ -106,7 +107,7 @@ class Worker:
                 }
         self.G = plan.global_microbatches
         self.clock = CommClock(job.timing, self.dev)
-        self.precision = lambda: compute_precision(job, self.dev)
+        self.precision = functools.partial(compute_precision, job, self.dev)  # (no cycle through self)
         self.pipe = Pipe(self, program)
         self.slowdown = Slowdown(self.clock, self.dev)
         self.enter, self.reduce = tp_callables(groups.tp_group, self.clock)
