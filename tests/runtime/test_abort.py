@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from resihp.core.model_spec import model_preset
 from resihp.runtime.control import member
 from resihp.runtime.control.abort import ABORT_HUNG_EXIT, AbortWatch, bounded
 from resihp.runtime.control.board import Board
@@ -79,3 +80,29 @@ def test_the_watch_aborts_once_when_the_controller_aborts_the_iteration():
         assert len(fired) == 1 and fired[0] - t0 < 1.0, fired
     finally:
         watch.stop()
+
+
+def test_the_controller_has_a_member_whose_abort_hung_rejoin():
+    """A member that exited with `ABORT_HUNG_EXIT` is a fail-stop with cause `abort-hung`, and its
+    device is due to re-join at the next iteration boundary (no process is started here)."""
+    from resihp.core.plan import Plan
+    from resihp.runtime.config import TrainConfig
+    from resihp.runtime.control.controller import Controller
+
+    config = TrainConfig(tp=1, pp=2, dp=2, workers=4, seq_len=32, iterations=6)
+    plan = Plan.uniform(model_preset("tiny"), 1, 2, 2, 2)
+    c = Controller(
+        plan, config.job_spec(plan), faults=(), replans=(), on_commit=None, detect_slow=False, policy=None,
+        heartbeat_timeout_s=3.0, start_timeout_s=60.0, devices_per_node=None,
+    )  # fmt: skip
+    try:
+        c.joined_devs[0] = set(plan.devices())
+        c.it = 2
+        c.procs.agents.code[3] = ABORT_HUNG_EXIT
+        c.recover()
+        stop = next(e for e in c.events if e["kind"] == "fail-stop")
+        assert (stop["devices"], stop["cause"]) == ([3], "abort-hung")
+        assert c.due.rejoins == {3: [3]} and 3 not in c.members
+    finally:
+        c.procs.close(0.0)
+        c.results.close()
