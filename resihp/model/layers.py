@@ -145,17 +145,22 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Docs | to
     path = attention_path(q, docs)
     if path == "dense":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=docs)
-    if path == "causal":
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     if path == "varlen":
         t = [x.transpose(0, 1).contiguous() for x in (q, k, v)]  # (N, H, hd) each
         out = _varlen()(*t, docs.cu(q.device), max(docs.lens))  # (N, H, hd)
         return out.transpose(0, 1)  # (H, N, hd)
+    # 4-D (1, H, l, hd): the fused SDPA kernels (flash, also on CPU) take only 4-D inputs; 3-D ones
+    # fall back to the math kernel (2.8x slower fwd + bwd on CPU at N = 2048, O(N²) memory)
+    q, k, v = q[None], k[None], v[None]
+    if path == "causal":
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)[0]
     parts = [
-        F.scaled_dot_product_attention(q[:, a:b], k[:, a:b], v[:, a:b], is_causal=True)  # (H, l, hd)
+        F.scaled_dot_product_attention(
+            q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], is_causal=True
+        )  # (1, H, l, hd)
         for a, b in docs.spans()
     ]
-    return torch.cat(parts, dim=1)  # (H, N, hd)
+    return torch.cat(parts, dim=2)[0]  # (H, N, hd)
 
 
 class Attention(nn.Module):

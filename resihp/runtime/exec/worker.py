@@ -143,7 +143,7 @@ class Worker:
                 if clock.enabled:
                     now.marks.append((k, start, clock.mark()))
             assert not now.inbox, f"device {self.device}: blocks posted but never received: {list(now.inbox)}"
-            synchronize(self.dev)  # the iteration's one wait for the device (STEP's optimizer kernels)
+            synchronize(self.dev)  # its second wait for the device (STEP waited first): the optimizer
             wall, cpu = time.perf_counter() - now.t_start, time.process_time() - cpu_start
             rows = self._rows(now)
         finally:
