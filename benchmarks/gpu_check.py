@@ -22,8 +22,9 @@ Sections of the JSON (each one has "error" instead when it raised; the others st
   runs), against `build_costs` on the `h200` preset: relative errors (target <= 15 %). On CPU a
   small layer against the `cpu` preset.
 * `slow_injection`: the achieved slowdown of F and B at p = 0.5 (target 2), and the no-op W's.
-* `timing_overhead`: iteration time of the executor with per-instruction timing on against off
-  (interleaved rounds; target <= 3 %): perf_counter on CPU, CUDA events on a GPU.
+* `timing_overhead`: iteration time of the executor with per-instruction timing on against off,
+  every iteration index run both ways by one worker (paired; target <= 3 %): perf_counter on CPU,
+  CUDA events on a GPU.
 * `nccl_recovery`: with 2 or more GPUs, a job on NCCL with one member stopped: recovery time and
   the losses against the reference; with fewer, why it was skipped.
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import statistics
@@ -56,9 +58,11 @@ from resihp.model import Docs, build_stage, microbatch_loss, rope_tables
 from resihp.model.layers import DecoderLayer
 from resihp.runtime.config import TrainConfig
 from resihp.runtime.exec.data import iteration_microbatches
+from resihp.runtime.exec.groups import build_groups
 from resihp.runtime.exec.iteration import Hooks
 from resihp.runtime.exec.optim import build_optimizer
 from resihp.runtime.exec.solo import run_solo
+from resihp.runtime.exec.worker import Worker
 from resihp.runtime.job import JobSpec, OptimConfig
 from resihp.runtime.reference import reference_for
 
@@ -125,27 +129,34 @@ def _plain_loop(spec, workload, iterations, warmup, dev, optim) -> list[float]:
 
 def throughput(device: str, quick: bool) -> dict:
     spec, n, m = (TINY_LM, 256, 2) if quick else (LLAMA_1B, 4096, 4)
-    iterations, warmup = (3, 1) if quick else (5, 2)
+    iterations, warmup = (4, 1) if quick else (5, 2)
     dev = torch.device(device)
     workload = Workload(n, m, "github", 0)
     optim = OptimConfig(lr=1e-4)
     plan = Plan.uniform(spec, 1, 1, 1, m, "1f1b")
     job = JobSpec(spec, workload, optim, device=device, backend=_backend(device), precision="bf16")
     out = {"model": dataclasses.asdict(spec), "params": spec.total_params, "seq_len": n, "microbatches": m}
+    rounds = 3 if dev.type == "cpu" else 1  # interleaved on shared CPU cores (the load drifts)
+    times: dict[str, list[float]] = {"executor": [], "plain": []}
+    peaks: dict[str, int | None] = {}
+    for _ in range(rounds):
+        for name in ("executor", "plain"):
+            gc.collect()  # the previous model's memory, before the next one is built
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(dev)
+            if name == "executor":
+                res = run_solo(plan, job, warmup + iterations)
+                times[name] += [r["wall_s"] for r in res.records[warmup:]]
+                del res
+            else:
+                times[name] += _plain_loop(spec, workload, iterations, warmup, dev, optim)
+            peaks[name] = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
     stats = {}
-    for name in ("executor", "plain"):
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(dev)
-        if name == "executor":
-            res = run_solo(plan, job, warmup + iterations)
-            times = [r["wall_s"] for r in res.records[warmup:]]
-            del res
-        else:
-            times = _plain_loop(spec, workload, iterations, warmup, dev, optim)
-        peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
-        t = statistics.median(times)
-        stats[name] = {"iteration_s": t, "tokens_per_s": m * n / t, "peak_memory_bytes": peak}
+    for name, ts in times.items():
+        t = statistics.median(ts)
+        stats[name] = {"iteration_s": t, "tokens_per_s": m * n / t, "peak_memory_bytes": peaks[name]}
+    out["rounds"] = rounds
     sum_sq = float(np.mean([workload.pack(it, m).sum_sq.mean() for it in range(warmup, warmup + iterations)]))
     flops = training_flops_per_token(spec, n, sum_sq, c_att=C_ATT_TIME)
     hw, gpu = _peak(device)
@@ -162,7 +173,7 @@ def attention(device: str, quick: bool) -> dict:
     n = 1024 if quick else 4096
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     heads, head_dim = (8, 64) if quick else (32, 128)
-    return attention_measure(n, device, dtype, heads, head_dim, repeats=3 if quick else 10)
+    return attention_measure(n, device, dtype, heads, head_dim, repeats=5 if quick else 10)
 
 
 # ----------------------------------------------------------------------------------- cost model
@@ -247,24 +258,34 @@ def slow_injection(device: str, quick: bool) -> dict:
 
 # ------------------------------------------------------------------------------ timing overhead
 def timing_overhead(device: str, quick: bool) -> dict:
-    """Median iteration wall time with `timing` on and off, rounds interleaved (the load drifts)."""
+    """One worker runs every iteration index twice, timing on and off in alternating order (the
+    clock's switch), so each pair shares the load of the moment: the median of the paired wall
+    ratios, and the medians themselves."""
     spec, n = (
         (model_preset("tiny"), 128)
         if device == "cpu"
         else (ModelSpec("mid", 4, 1024, 16, 4, 2816, 32000), 2048)
     )
     plan = Plan.uniform(spec, 1, 1, 1, 4, "1f1b")
-    rounds, iterations = (3, 8) if quick else (5, 12)
+    job = JobSpec(spec, Workload(n, 4, "pystdlib", 0), device=device, backend=_backend(device),
+                  precision="fp32" if device == "cpu" else "bf16")  # fmt: skip
+    worker = Worker(plan, 0, build_groups(plan, 0), job)
+    pairs = 20 if quick else 40
     walls: dict[bool, list[float]] = {True: [], False: []}
-    for _ in range(rounds):
-        for timing in (False, True):
-            job = JobSpec(spec, Workload(n, 4, "pystdlib", 0), device=device, backend=_backend(device),
-                          precision="fp32" if device == "cpu" else "bf16", timing=timing)  # fmt: skip
-            walls[timing] += [r["wall_s"] for r in run_solo(plan, job, iterations).records[2:]]
-    on, off = statistics.median(walls[True]), statistics.median(walls[False])
+    ratios = []
+    for it in range(pairs + 2):
+        got = {}
+        for timing in (it % 2 == 0, it % 2 == 1):
+            worker.clock.enabled = timing
+            got[timing] = worker.run_iteration(it)["wall_s"]
+        if it >= 2:  # warm-up
+            ratios.append(got[True] / got[False])
+            for timing, wall in got.items():
+                walls[timing].append(wall)
+    medians = {"timing_on": statistics.median(walls[True]), "timing_off": statistics.median(walls[False])}
     return {
-        "model": spec.name, "seq_len": n, "rounds": rounds,
-        "iteration_s": {"timing_on": on, "timing_off": off}, "overhead": on / off - 1, "target": 0.03,
+        "model": spec.name, "seq_len": n, "pairs": pairs, "overhead": statistics.median(ratios) - 1,
+        "iteration_s": medians, "target": 0.03,
     }  # fmt: skip
 
 

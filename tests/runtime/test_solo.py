@@ -3,13 +3,16 @@ activation checkpointing, injected fail-slow, and the host-side figures it repor
 
 import dataclasses
 import statistics
+import time
 
 import pytest
 import torch
 
 from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan
+from resihp.core.program import compile_plan
 from resihp.runtime.config import TrainConfig
+from resihp.runtime.exec import slow
 from resihp.runtime.exec.iteration import Hooks
 from resihp.runtime.exec.solo import run_solo
 from resihp.runtime.reference import reference_for
@@ -59,37 +62,61 @@ def test_activation_checkpointing_changes_nothing(schedule):
         torch.testing.assert_close(ckpt.worker.named[name], p, atol=1e-6, rtol=0, msg=name)
 
 
-def _slowdowns(schedule: str) -> dict[str, float]:
-    """Per op, (median over slowed iterations) / (median over healthy ones) of the iteration's summed
-    compute of that op; odd iterations run at p = 0.5, so both kinds see the machine's load of the
-    same minutes. Also that ratio of the process's CPU time, and the W rows' median seconds."""
-    plan, _, job = _job(schedule, iterations=16)
-    res = run_solo(plan, job, hooks=Hooks(slow=lambda it: 0.5 if it % 2 else 1.0))
-    halves = (res.records[2::2], res.records[3::2])  # healthy, slowed (the first two warm up)
+def _injected(schedule: str, monkeypatch) -> dict[str, list[float]]:
+    """Per op: for each instruction of the slowed (odd) iterations at p = 0.5, the injected
+    seconds over the instruction's own compute time (its row's compute_s less the injection): 1/p - 1
+    = 1 when the delay is t·(1/p - 1). An op that got no injection has no entries."""
+    plan, _, job = _job(schedule, iterations=6)
+    instrs = compile_plan(plan).instructions(0)
+    asked: dict[tuple[int, int], float] = {}
+    state = {"it": None}
+    wait = slow.busy_wait
 
-    def med(recs, fn):
-        return statistics.median(fn(rec) for rec in recs)
+    def spy(seconds: float) -> None:
+        asked[state["it"], state["k"]] = seconds
+        wait(seconds)
 
-    out = {}
-    for op in ("F", "B", "W"):
-        total = lambda rec, op=op: sum(r.compute_s for r in rec["instrs"] if r.op == op)  # noqa: E731
-        out[op] = med(halves[1], total) / med(halves[0], total)
-    out["cpu"] = med(halves[1], lambda rec: rec["cpu_s"]) / med(halves[0], lambda rec: rec["cpu_s"])
-    for name, recs in (("W_healthy_s", halves[0]), ("W_slowed_s", halves[1])):
-        out[name] = statistics.median(r.compute_s for rec in recs for r in rec["instrs"] if r.op == "W")
+    after = slow.Slowdown.after
+
+    def where(self, k, start, p):
+        state["k"] = k
+        after(self, k, start, p)
+
+    monkeypatch.setattr(slow, "busy_wait", spy)
+    monkeypatch.setattr(slow.Slowdown, "after", where)
+
+    def speed(it: int) -> float:
+        state["it"] = it
+        return 0.5 if it % 2 else 1.0
+
+    res = run_solo(plan, job, hooks=Hooks(slow=speed))
+    out: dict[str, list[float]] = {}
+    for rec in res.records:
+        rows = rec["instrs"]
+        for k, ins in enumerate(instrs):
+            if (rec["iter"], k) in asked:
+                extra = asked[rec["iter"], k]
+                out.setdefault(ins.op, []).append(extra / (rows[k].compute_s - extra))
+    assert all(it % 2 for it, _ in asked), "a healthy iteration was slowed"
     return out
 
 
-def test_injected_slowness_is_busy_device_work_and_spares_no_ops():
-    """At p = 0.5 the process computes about twice as long (CPU time: a busy-wait, not a sleep, and
-    the figure that preemption on shared cores does not blur), F and B take longer on the wall clock,
-    1F1B's W, which does no work, gets nothing added, and zbh1's W, which does, is slowed."""
-    got = _slowdowns("1f1b")
-    assert 1.6 < got["cpu"] < 2.6, got
-    assert got["F"] > 1.3 and got["B"] > 1.3, got
-    assert got["W_slowed_s"] < got["W_healthy_s"] + 20e-6, got  # a no-op (~10 us)
-    got = _slowdowns("zbh1")
-    assert 1.6 < got["cpu"] < 2.6 and got["W"] > 1.3, got
+def test_injected_slowness_is_busy_device_work_and_spares_no_ops(monkeypatch):
+    """At p = 0.5 each F and B gets a busy-wait of its own compute time t (t·(1/p − 1)), measured
+    inside its row; 1F1B's W, which does no work (B made the weight gradients), gets nothing; under
+    zbh1 W does and gets it, and the first stage's B, with no input gradient to make, does not. The
+    wait computes: it holds the CPU, where a sleep gives it away."""
+    got = _injected("1f1b", monkeypatch)
+    assert sorted(got) == ["B", "F"], sorted(got)
+    for op, ratios in got.items():
+        assert 0.8 < statistics.median(ratios) <= 1.0, (op, ratios)
+    got = _injected("zbh1", monkeypatch)
+    assert sorted(got) == ["F", "W"], sorted(got)
+    cpu = time.process_time()
+    slow.busy_wait(0.05)
+    spent = time.process_time() - cpu
+    time.sleep(0.05)
+    assert spent > 0.005 and time.process_time() - cpu - spent < 0.003, spent
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

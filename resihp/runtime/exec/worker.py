@@ -202,22 +202,25 @@ class Worker:
                 now.losses.append(LossRow(self.plan.mb_offset(ins.src) + ins.mb, out.detach(), n))
         now.live[key] = [x, out, None]
 
-    def _B(self, ins: Instr) -> None:
+    def _B(self, ins: Instr) -> bool:
+        """False (no work done) under zbh1 on the first stage: no input to take a gradient of."""
         now, key = self.now, (ins.src, ins.mb)
         x, out, _ = entry = now.live[key]
         g = now.grads.pop(key, None)  # None on the last stage: out is the scalar loss
         first = self.model.is_first
         if self.split_bw:
             entry[2] = g
-            if not first:
-                (now.gx[key],) = torch.autograd.grad(out, [x], g, retain_graph=True)
-            return
+            if first:
+                return False
+            (now.gx[key],) = torch.autograd.grad(out, [x], g, retain_graph=True)
+            return True
         inputs = self.params if first else [x, *self.params]
         grads = torch.autograd.grad(out, inputs, g, allow_unused=True)
         if not first:
             now.gx[key], grads = grads[0], grads[1:]
         self._accumulate(grads)
         del now.live[key]
+        return True
 
     def _W(self, ins: Instr) -> bool:
         """Weight gradients under zbh1; False (no work done) under gpipe / 1f1b, where B made them."""
