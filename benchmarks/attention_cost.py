@@ -22,7 +22,7 @@ import time
 import torch
 
 from resihp.model import Docs, attention, segment_mask
-from resihp.model.layers import attention_path
+from resihp.model.attention import attention_path
 
 RATIOS = (1, 4, 16)
 

@@ -1,7 +1,8 @@
 """LLaMA-style decoder, addressable by layer range and TP shard; knows nothing of torch.distributed."""
 
+from .attention import Docs, attention
 from .init import init_state, init_tensor
-from .layers import DecoderLayer, Docs, attention, identity, rms_norm, rope_tables, segment_mask
+from .layers import DecoderLayer, identity, rms_norm, rope_tables, segment_mask
 from .loss import IGNORE_INDEX, iteration_loss, microbatch_loss
 from .sharding import (
     apply_tp_grad_buffer,

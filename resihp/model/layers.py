@@ -17,16 +17,13 @@ completes them.
 A micro-batch is one packed window of N tokens (no batch dimension). Attention is causal and only
 within a segment (a document piece); RoPE positions restart at 0 at every segment start. The
 packer keeps every segment contiguous, so the window's attention is one causal attention per
-document (`Docs`, `attention`): its cost grows with the sum of the squared document lengths, as
-the cost model says (`c0 + a·N + b·Σl²`), instead of with N² as a dense masked attention's would.
+document (`attention.py`): its cost grows with the sum of the squared document lengths, as the
+cost model says (`c0 + a·N + b·Σl²`), instead of with N² as a dense masked attention's would.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +31,7 @@ from torch import nn
 
 from resihp.core.model_spec import ModelSpec
 
+from .attention import Docs, attention
 from .sharding import ffn_range, head_range, kv_range
 
 ROPE_THETA = 10000.0
@@ -78,89 +76,6 @@ def segment_mask(segment_ids: torch.Tensor) -> torch.Tensor:
     n = segment_ids.shape[0]
     causal = torch.ones(n, n, dtype=torch.bool, device=segment_ids.device).tril()  # (N, N)
     return same & causal
-
-
-@dataclass(frozen=True)
-class Docs:
-    """The documents of a packed window: consecutive segments of `lens` tokens (sum N), known on the
-    host so that choosing the kernels never waits for the device."""
-
-    lens: tuple[int, ...]
-    _cu: dict = field(default_factory=dict, compare=False, repr=False)  # device -> cumulative lengths
-
-    @staticmethod
-    def of(segment_ids: torch.Tensor) -> Docs:
-        """From segment ids whose equal values are contiguous (a device tensor costs one host sync)."""
-        _, counts = torch.unique_consecutive(segment_ids.cpu(), return_counts=True)
-        return Docs(tuple(counts.tolist()))
-
-    def spans(self) -> list[tuple[int, int]]:
-        out, lo = [], 0
-        for n in self.lens:
-            out.append((lo, lo + n))
-            lo += n
-        return out
-
-    def cu(self, device: torch.device) -> torch.Tensor:
-        """(D + 1,) int32 cumulative lengths on `device` (varlen kernels), built once per device."""
-        if device not in self._cu:
-            bounds = [0] + [b for _, b in self.spans()]
-            self._cu[device] = torch.tensor(bounds, dtype=torch.int32, device=device)
-        return self._cu[device]
-
-
-@functools.cache
-def _varlen() -> Callable | None:
-    """`torch.nn.attention.varlen.varlen_attn` as f(q, k, v, cu, max_len) -> (T, H, hd), causal; None
-    where torch has none. Its causal flag moved: `is_causal=True` (torch 2.10) became
-    `window_size=(-1, 0)` (2.12); both are recognised by the signature."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    params = inspect.signature(varlen_attn).parameters
-    if "is_causal" in params:
-        return lambda q, k, v, cu, m: varlen_attn(q, k, v, cu, cu, m, m, is_causal=True)
-    if "window_size" in params:
-        return lambda q, k, v, cu, m: varlen_attn(q, k, v, cu, cu, m, m, window_size=(-1, 0))
-    return None
-
-
-def attention_path(q: torch.Tensor, docs: Docs | torch.Tensor) -> str:
-    """Which kernel `attention` runs: "dense" (a mask: the oracle), "causal" (one document),
-    "varlen" (fused flash attention over every document: CUDA, bf16/fp16), or "per-doc" (one causal
-    attention per document: CPU, and fp32 on CUDA, which the flash kernels do not take)."""
-    if isinstance(docs, torch.Tensor):
-        return "dense"
-    if len(docs.lens) == 1:
-        return "causal"
-    if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and _varlen() is not None:
-        return "varlen"
-    return "per-doc"
-
-
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Docs | torch.Tensor) -> torch.Tensor:
-    """Causal attention inside each document: q, k, v (H, N, hd) -> (H, N, hd). `docs` a boolean
-    (N, N) mask (`segment_mask`) runs the dense masked path, the tests' oracle."""
-    path = attention_path(q, docs)
-    if path == "dense":
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=docs)
-    if path == "varlen":
-        t = [x.transpose(0, 1).contiguous() for x in (q, k, v)]  # (N, H, hd) each
-        out = _varlen()(*t, docs.cu(q.device), max(docs.lens))  # (N, H, hd)
-        return out.transpose(0, 1)  # (H, N, hd)
-    # 4-D (1, H, l, hd): the fused SDPA kernels (flash, also on CPU) take only 4-D inputs; 3-D ones
-    # fall back to the math kernel (2.8x slower fwd + bwd on CPU at N = 2048, O(N²) memory)
-    q, k, v = q[None], k[None], v[None]
-    if path == "causal":
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)[0]
-    parts = [
-        F.scaled_dot_product_attention(
-            q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], is_causal=True
-        )  # (1, H, l, hd)
-        for a, b in docs.spans()
-    ]
-    return torch.cat(parts, dim=2)[0]  # (H, N, hd)
 
 
 class Attention(nn.Module):

@@ -24,8 +24,9 @@ from torch.utils.checkpoint import checkpoint
 
 from resihp.core.model_spec import ModelSpec
 
+from .attention import Docs
 from .init import init_state
-from .layers import DecoderLayer, Docs, Weight, identity, rms_norm, rope_tables
+from .layers import DecoderLayer, Weight, identity, rms_norm, rope_tables
 from .sharding import normalize_split, slice_state, stage_param_names
 
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from resihp.core.model_spec import model_preset
 from resihp.model import Docs, attention, build_stage, segment_mask
-from resihp.model.layers import attention_path
+from resihp.model.attention import attention_path
 
 
 def _qkv(n: int, heads: int = 4, hd: int = 16, seed: int = 0):
@@ -45,6 +45,13 @@ def test_paths_and_docs_from_segment_ids():
     assert attention_path(q, Docs((6,))) == "causal"
     assert attention_path(q, Docs((2, 3, 1))) == "per-doc"
     assert Docs((2, 3, 1)).cu(torch.device("cpu")).tolist() == [0, 2, 5, 6]
+    # buckets by the next power of two: (1), (2), (3 padded to 4, 4), (5 alone: not padded)
+    assert Docs((2, 3, 1, 4, 5)).buckets() == [
+        (1, [(5, 6)]),
+        (2, [(0, 2)]),
+        (4, [(2, 5), (6, 10)]),
+        (8, [(10, 15)]),
+    ]
 
 
 def test_stage_with_documents_equals_the_dense_oracle(perturbed):

@@ -108,8 +108,8 @@ def test_injected_slowness_is_busy_device_work_and_spares_no_ops(monkeypatch):
     wait computes: it holds the CPU, where a sleep gives it away."""
     got = _injected("1f1b", monkeypatch)
     assert sorted(got) == ["B", "F"], sorted(got)
-    for op, ratios in got.items():
-        assert 0.8 < statistics.median(ratios) <= 1.0, (op, ratios)
+    for op, ratios in got.items():  # <= 1 exactly; lower when preempted at the wait's end
+        assert 0.6 < statistics.median(ratios) <= 1.0, (op, ratios)
     got = _injected("zbh1", monkeypatch)
     assert sorted(got) == ["F", "W"], sorted(got)
     cpu = time.process_time()
