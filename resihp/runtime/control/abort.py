@@ -113,9 +113,10 @@ class AbortWatch:
 
     def at(self, generation: int | None, iteration: int | None = None) -> None:
         """The iteration the member runs now (None: none, between generations)."""
+        where = None if generation is None else (generation, iteration)
         with self.lock:
-            self.where = None if generation is None else (generation, iteration)
-            self.fired = False
+            if where != self.where:  # a new iteration may fire again; the same one never twice
+                self.where, self.fired = where, False
 
     def stop(self) -> None:
         self.stopped.set()

@@ -194,6 +194,8 @@ def _run(
         snaps: dict = {}  # snapshot.py: the committed shards this device keeps for its buddies
         failed = None
         t0 = time.perf_counter()
+        if nccl:  # a death during the join: the controller aborts `decision/{g}/{it}` (NCCL won't raise)
+            guard.at(g, it)
         try:
             short = timedelta(seconds=JOIN_TIMEOUT_S)
             dist.init_process_group(
@@ -232,6 +234,8 @@ def _run(
             failed = f"join: {type(e).__name__}: {e}"[:300]
         if failed is not None:  # outside the except block: its traceback holds the groups too
             worker = groups = init = None
+            if nccl:
+                guard.at(None)
             _teardown(nccl, True, abort, on_hang)
             results.send(Abort(device, g, it, failed))
             gen = board.generation(g + 1)
