@@ -22,7 +22,9 @@ from .common import table
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("train", help="train a tiny LLaMA on local CPU workers (gloo)")
+    p = sub.add_parser(
+        "train", help="train a tiny LLaMA on local workers (CPU gloo; CUDA NCCL with [run] device)"
+    )
     p.add_argument("--config", help="training config TOML ([model] [parallel] [workload] [optim] [run])")
     p.add_argument("--iterations", type=int, help="override run.iterations")
     p.add_argument("--faults", help="faults TOML ([[faults]] stop/slow/link keyed by at_iter) to inject")
@@ -73,7 +75,8 @@ def run(args) -> int:
         for d, r in enumerate(plan.replicas) for i, st in enumerate(r)
     )  # fmt: skip
     model = config.model if config.hf is None else f"{config.spec.name} (model.hf {config.hf})"
-    print(f"resihp train: {model} on {config.workers} CPU workers, tp {config.tp} pp {config.pp} "
+    where = f"{config.workers} {config.device.upper()} workers"
+    print(f"resihp train: {model} on {where}, tp {config.tp} pp {config.pp} "
           f"dp {config.dp}, {config.schedule}, {config.iterations} iterations")  # fmt: skip
     print(f"  plan: {stages}")
     weights = config.weights_dir()

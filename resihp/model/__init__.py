@@ -1,5 +1,6 @@
 """LLaMA-style decoder, addressable by layer range and TP shard; knows nothing of torch.distributed."""
 
+from .attention import Docs, attention
 from .init import init_state, init_tensor
 from .layers import DecoderLayer, identity, rms_norm, rope_tables, segment_mask
 from .loss import IGNORE_INDEX, iteration_loss, microbatch_loss
@@ -27,8 +28,10 @@ from .stage import StageModel, build_stage
 __all__ = [
     "IGNORE_INDEX",
     "DecoderLayer",
+    "Docs",
     "StageModel",
     "apply_tp_grad_buffer",
+    "attention",
     "build_stage",
     "ffn_range",
     "full_shape",

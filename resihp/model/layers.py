@@ -15,7 +15,10 @@ norm, each rank's norm-weight and replicated-kv gradients are partial; `sharding
 completes them.
 
 A micro-batch is one packed window of N tokens (no batch dimension). Attention is causal and only
-within a segment (a document piece); RoPE positions restart at 0 at every segment start.
+within a segment (a document piece); RoPE positions restart at 0 at every segment start. The
+packer keeps every segment contiguous, so the window's attention is one causal attention per
+document (`attention.py`): its cost grows with the sum of the squared document lengths, as the
+cost model says (`c0 + a·N + b·Σl²`), instead of with N² as a dense masked attention's would.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from torch import nn
 
 from resihp.core.model_spec import ModelSpec, RopeScaling
 
+from .attention import Docs, attention
 from .sharding import ffn_range, head_range, kv_range
 
 ROPE_THETA = 10000.0  # the defaults of ModelSpec (rope_theta, rms_norm_eps)
@@ -94,7 +98,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def segment_mask(segment_ids: torch.Tensor) -> torch.Tensor:
-    """Boolean (N, N) mask, True where query i may attend key j: same segment and j <= i."""
+    """Boolean (N, N) mask, True where query i may attend key j: same segment and j <= i. Only the
+    tests' oracle uses it (`attention` with a mask is the dense path)."""
     same = segment_ids[:, None] == segment_ids[None, :]  # (N, N)
     n = segment_ids.shape[0]
     causal = torch.ones(n, n, dtype=torch.bool, device=segment_ids.device).tril()  # (N, N)
@@ -126,7 +131,7 @@ class Attention(nn.Module):
         kv_of_q = torch.tensor([(q0 + i) // group - k0 for i in range(self.num_q)], dtype=torch.long)
         self.register_buffer("kv_of_q", kv_of_q, persistent=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor):
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, docs: Docs | torch.Tensor):
         n, hd = x.shape[0], self.head_dim
         q = F.linear(x, self.wq, self.bq).view(n, self.num_q, hd).transpose(0, 1)  # (Hq, N, hd)
         k = F.linear(x, self.wk, self.bk).view(n, self.num_kv, hd).transpose(0, 1)  # (Hkv, N, hd)
@@ -134,7 +139,7 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k = k.index_select(0, self.kv_of_q)  # (Hq, N, hd)
         v = v.index_select(0, self.kv_of_q)  # (Hq, N, hd)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (Hq, N, hd)
+        out = attention(q, k, v, docs)  # (Hq, N, hd)
         out = out.transpose(0, 1).reshape(n, self.num_q * hd)  # (N, Hq*hd)
         return F.linear(out, self.wo)  # (N, h) partial sum over this shard's heads
 
@@ -165,8 +170,8 @@ class DecoderLayer(nn.Module):
         self.mlp_norm = Weight(spec.hidden)
         self.mlp = MLP(spec, ffn_split, rank)
 
-    def attn_branch(self, x, cos, sin, mask) -> torch.Tensor:
-        return self.attn(rms_norm(x, self.attn_norm.weight, self.eps), cos, sin, mask)  # (N, h) partial
+    def attn_branch(self, x, cos, sin, docs) -> torch.Tensor:
+        return self.attn(rms_norm(x, self.attn_norm.weight, self.eps), cos, sin, docs)  # (N, h) partial
 
     def mlp_branch(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(rms_norm(x, self.mlp_norm.weight, self.eps))  # (N, h) partial
@@ -176,9 +181,9 @@ class DecoderLayer(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor,
+        docs: Docs | torch.Tensor,
         enter: Callable[[torch.Tensor], torch.Tensor] = identity,
         reduce: Callable[[torch.Tensor], torch.Tensor] = identity,
     ) -> torch.Tensor:
-        x = x + reduce(self.attn_branch(enter(x), cos, sin, mask))  # (N, h)
+        x = x + reduce(self.attn_branch(enter(x), cos, sin, docs))  # (N, h)
         return x + reduce(self.mlp_branch(enter(x)))  # (N, h)

@@ -15,11 +15,19 @@ IGNORE_INDEX = -100
 
 
 def microbatch_loss(
-    logits: torch.Tensor, targets: torch.Tensor, num_microbatches: int, seq_len: int
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    num_microbatches: int,
+    seq_len: int,
+    num_targets: int | None = None,
 ) -> tuple[torch.Tensor, int]:
-    """(loss to backpropagate, number of non-ignored targets) for logits (N, V) and targets (N,)."""
+    """(loss to backpropagate, number of non-ignored targets) for logits (N, V) and targets (N,).
+    `num_targets`: that number when the caller has it from host data (counting a device tensor
+    waits for the device)."""
     ce = F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum")  # ()
-    return ce / (num_microbatches * seq_len), int((targets != IGNORE_INDEX).sum())
+    if num_targets is None:
+        num_targets = int((targets != IGNORE_INDEX).sum())
+    return ce / (num_microbatches * seq_len), num_targets
 
 
 def iteration_loss(loss_sum: float, num_microbatches: int, seq_len: int, num_targets: int) -> float:

@@ -5,6 +5,13 @@ The embedding and LM head are *not* TP-sharded: every member of the first (last)
 holds a full replica and computes them whole, which keeps the vocabulary path simple (the tiny
 models have a 256-token vocabulary). Parameter names are the canonical ones of `sharding`, so
 `stage.state_dict()` plugs straight into `slice_state` / `gather_state`.
+
+Activation checkpointing (`activation_checkpointing`, per transformer block): a block keeps only its
+input during the forward and recomputes its activations in the backward (non-reentrant
+`torch.utils.checkpoint`, so `autograd.grad` on chosen inputs — the zbh1 split of B and W — works;
+each backward that needs them recomputes). The recomputation replays the block's TP collectives in
+the same order on every rank of the group and the autocast state of the forward, and the layers draw
+no random numbers, so results equal those without it (tests/model/test_checkpointing.py).
 """
 
 from __future__ import annotations
@@ -13,11 +20,13 @@ from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from resihp.core.model_spec import ModelSpec
 
+from .attention import Docs
 from .init import init_state
-from .layers import DecoderLayer, Weight, identity, rms_norm, rope_tables, segment_mask
+from .layers import DecoderLayer, Weight, identity, rms_norm, rope_tables
 from .sharding import normalize_split, slice_state, stage_param_names
 
 
@@ -28,6 +37,7 @@ class StageModel(nn.Module):
         self, spec: ModelSpec, layers: tuple[int, int], tp_split=None, ffn_split=None, tp_rank: int = 0
     ) -> None:
         super().__init__()
+        self.activation_checkpointing = False  # recompute each block's activations in the backward
         lo, hi = layers
         if not 0 <= lo < hi <= spec.num_layers:
             raise ValueError(f"layers {list(layers)}: need 0 <= lo < hi <= {spec.num_layers}")
@@ -60,20 +70,29 @@ class StageModel(nn.Module):
         segment_ids: torch.Tensor,
         positions: torch.Tensor,
         *,
+        docs: Docs | torch.Tensor | None = None,
         enter: Callable[[torch.Tensor], torch.Tensor] = identity,
         reduce: Callable[[torch.Tensor], torch.Tensor] = identity,
     ) -> torch.Tensor:
         """Token ids (N,) on the first stage, else hidden (N, h) -> logits (N, vocab) if last, else hidden.
 
+        `docs`: the window's documents (`layers.Docs`; default: read off `segment_ids`, which waits
+        for the device when they live on one), or a dense (N, N) mask (the tests' oracle).
         `enter` / `reduce` are the TP collectives described in `layers` (identity when unsharded).
         """
         if self.is_first:
             x = self.embed.weight[x]  # (N, h)
         spec = self.spec
         cos, sin = rope_tables(positions, spec.head_dim, spec.rope_theta, spec.rope_scaling)  # (N, hd) each
-        mask = segment_mask(segment_ids)  # (N, N)
+        docs = Docs.of(segment_ids) if docs is None else docs
+        recompute = self.activation_checkpointing and torch.is_grad_enabled()
         for layer in self.layers.values():
-            x = layer(x, cos, sin, mask, enter=enter, reduce=reduce)  # (N, h)
+            if recompute:  # no RNG in a block: nothing to preserve
+                x = checkpoint(
+                    layer, x, cos, sin, docs, enter, reduce, use_reentrant=False, preserve_rng_state=False
+                )
+            else:
+                x = layer(x, cos, sin, docs, enter=enter, reduce=reduce)  # (N, h)
         if self.is_last:
             x = rms_norm(x, self.norm.weight, spec.rms_norm_eps)  # (N, h)
             x = x @ self.lm_head.weight.t()  # (N, vocab)

@@ -6,6 +6,7 @@ TOML layout (every key optional; defaults = the embedded default job):
     preset = "tiny"              # resihp.core.model_spec presets; or:
     hf = "DIR"                   # a local Hugging Face model directory (config.json, *.safetensors)
     hf_weights = true            # read DIR's weights (false: random weights of its shape, run.seed)
+    activation_checkpointing = false  # recompute each block's activations in the backward
     [parallel]
     tp = 2
     pp = 2
@@ -45,6 +46,9 @@ TOML layout (every key optional; defaults = the embedded default job):
     heartbeat_timeout_s = 3.0    # a worker silent this long is hung: killed, then a fail-stop (1 to 60)
     devices_per_node = 8         # optional: devices d // devices_per_node share a node agent (default: all)
     detect_slow = true           # watch live timings for fail-slows and slow links, replan (false: off)
+    device = "cpu"               # cpu | cuda: one local GPU per member (its local rank on the node)
+    backend = "gloo"             # gloo (cpu) | nccl (cuda); default: the device's
+    precision = "fp32"           # fp32 | bf16 (autocast compute; fp32 master weights and AdamW state)
     [policy]
     name = "resihp"              # the scheduler policy that replans (`resihp policies` lists them)
     horizon_s = 600              # ... plus its options (keyword arguments of the policy class)
@@ -74,7 +78,7 @@ from resihp.sched.registry import build_policy
 
 from .control.liveness import HEARTBEAT_TIMEOUT_RANGE_S, HEARTBEAT_TIMEOUT_S
 from .faults import load_faults
-from .job import OptimConfig
+from .job import BACKENDS, DEVICES, PRECISIONS, JobSpec, OptimConfig
 from .state.dirlock import check_free
 
 MAX_WORKERS_PER_CORE = 16
@@ -82,7 +86,12 @@ P2P_MODES = ("root", "chunked")
 
 # TOML section -> {key in the file: dataclass field}
 SECTIONS: dict[str, dict[str, str]] = {
-    "model": {"preset": "model", "hf": "hf", "hf_weights": "hf_weights"},
+    "model": {
+        "preset": "model",
+        "hf": "hf",
+        "hf_weights": "hf_weights",
+        "activation_checkpointing": "activation_checkpointing",
+    },
     "parallel": {k: k for k in ("tp", "pp", "dp", "schedule", "microbatches", "seq_len", "p2p")},
     "workload": {"lengths": "lengths", "seed": "data_seed"},
     "data": {"path": "data_path", "dtype": "data_dtype", "eos_id": "eos_id"},
@@ -111,6 +120,9 @@ SECTIONS: dict[str, dict[str, str]] = {
         "heartbeat_timeout_s": "heartbeat_timeout_s",
         "devices_per_node": "devices_per_node",
         "detect_slow": "detect_slow",
+        "device": "device",
+        "backend": "backend",
+        "precision": "precision",
     },
     "policy": {"name": "policy"},  # every other key of [policy] is an option of that policy
 }
@@ -157,6 +169,10 @@ class TrainConfig:
     heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S
     devices_per_node: int | None = None  # None: every device on one node (one agent)
     detect_slow: bool = True
+    device: str = "cpu"
+    backend: str | None = None  # None: the device's (`job.BACKENDS`)
+    precision: str = "fp32"
+    activation_checkpointing: bool = False
     policy: str = "resihp"
     policy_options: dict = field(default_factory=dict)
 
@@ -191,7 +207,19 @@ class TrainConfig:
                 f"run.devices_per_node = {v!r}: must be a positive integer (devices d with the same "
                 "d // devices_per_node share a node agent; leave it out for one node)"
             )
-        for name in ("timing", "detect_slow"):
+        if self.device not in DEVICES:
+            raise ValueError(f"run.device = {self.device!r}: allowed: {', '.join(DEVICES)}")
+        want = BACKENDS[self.device]
+        if self.backend is not None and self.backend not in BACKENDS.values():
+            raise ValueError(f"run.backend = {self.backend!r}: allowed: {', '.join(BACKENDS.values())}")
+        if self.backend is not None and self.backend != want:
+            raise ValueError(
+                f"run.backend = {self.backend!r} with run.device = {self.device!r}: allowed: {want!r} "
+                f"({', '.join(f'{b} on {d}' for d, b in BACKENDS.items())})"
+            )
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"run.precision = {self.precision!r}: allowed: {', '.join(PRECISIONS)}")
+        for name in ("timing", "detect_slow", "activation_checkpointing"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{_WHERE[name]} = {getattr(self, name)!r}: must be true or false")
         self.build_policy()  # policy.name and its options
@@ -259,6 +287,11 @@ class TrainConfig:
             return None
         return TokenFile(self.data_path, self.data_dtype, self.eos_id)
 
+    @property
+    def backend_name(self) -> str:
+        """`run.backend`, or the device's default."""
+        return self.backend or BACKENDS[self.device]
+
     def build_policy(self) -> Policy:
         """The `[policy]` section's policy with its options; ValueError naming `policy.KEY`."""
         if not isinstance(self.policy_options, dict):
@@ -286,8 +319,46 @@ class TrainConfig:
     def plan(self) -> Plan:
         """The uniform tp x pp x dp plan; ValueError when it does not fit the model or the workers."""
         plan = Plan.uniform(self.spec, self.tp, self.pp, self.dp, self.microbatches, self.schedule)
-        check_fits(plan, self.workers)
+        check_fits(plan, self.workers, self.device)
         return plan
+
+    def job_spec(
+        self,
+        plan: Plan,
+        *,
+        workload: Workload | None = None,
+        weights: str | None = None,
+        start: int = 0,
+        return_state: bool = False,
+        resume: str | None = None,
+    ) -> JobSpec:
+        """What every member of this config's run gets, for `plan` from iteration `start`:
+        `workload` (default `self.workload()`; a resumed token-file run reads on from its
+        checkpoint's position), `weights` (the safetensors directory each member reads its shard
+        from, `weights_dir()`; None: initialise from run.seed)."""
+        return JobSpec(
+            spec=plan.model,
+            workload=self.workload() if workload is None else workload,
+            optim=self.optim(),
+            seed=self.seed,
+            iterations=self.iterations - start,
+            start_iteration=start,
+            timing=self.timing,
+            return_state=return_state,
+            p2p=self.p2p,
+            link_mb_per_s=float(self.link_mb_per_s),
+            checkpoint_every=self.checkpoint_every,
+            checkpoint_dir=self.checkpoint_dir,
+            resume=resume,
+            snapshots=self.snapshots,
+            device=self.device,
+            backend=self.backend_name,
+            precision=self.precision,
+            activation_checkpointing=self.activation_checkpointing,
+            devices_per_node=self.devices_per_node,
+            weights=weights,
+            hf_config=self.hf_config(),
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -336,7 +407,7 @@ def check_run(config: TrainConfig, plan: Plan, start: int = 0) -> tuple[FaultSpe
     anything starts: the plan fits the workers, the paths (`check_paths`), and the faults file
     (`core.faults.check_faults` on the plan's devices, iterations `[start, run.iterations)` and the
     link model of `run.link_mb_per_s`). Returns the checked faults."""
-    check_fits(plan, config.workers)
+    check_fits(plan, config.workers, config.device)
     config.check_paths()
     faults = load_faults(config.faults) if config.faults else ()
     return check_faults(
@@ -344,11 +415,14 @@ def check_run(config: TrainConfig, plan: Plan, start: int = 0) -> tuple[FaultSpe
     )
 
 
-def check_fits(plan: Plan, workers: int) -> None:
-    """ValueError when the plan needs more devices than `workers` or the machine can host them."""
+def check_fits(plan: Plan, workers: int, device: str = "cpu") -> None:
+    """ValueError when the plan needs more devices than `workers` or, on CPU, than the machine's cores
+    can host (on CUDA the GPUs are the limit: `exec.device.check_cuda`, which needs torch)."""
     need = len(plan.devices())
     if need > workers:
         raise ValueError(f"the plan needs {need} devices but run.workers = {workers}")
+    if device != "cpu":
+        return
     cores = os.cpu_count() or 1
     if need > MAX_WORKERS_PER_CORE * cores:
         raise ValueError(

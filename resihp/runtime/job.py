@@ -10,10 +10,13 @@ from dataclasses import dataclass, field
 from resihp.core.model_spec import ModelSpec
 from resihp.core.workload import Workload
 
-__all__ = ["Interrupted", "JobSpec", "OptimConfig", "WorkerFailed"]
+__all__ = ["BACKENDS", "DEVICES", "PRECISIONS", "Interrupted", "JobSpec", "OptimConfig", "WorkerFailed"]
 
 
 LR_SCHEDULES = ("constant", "cosine")
+DEVICES = ("cpu", "cuda")  # `run.device`: what every member computes on
+BACKENDS = {"cpu": "gloo", "cuda": "nccl"}  # `run.backend`: the one allowed per device (its default)
+PRECISIONS = ("fp32", "bf16")  # `run.precision`: compute dtype; master weights and Adam stay fp32
 
 
 def _is_number(v) -> bool:
@@ -107,6 +110,13 @@ class JobSpec:
     # checkpoints so that `resihp export` writes the same architecture and token ids back.
     weights: str | None = None
     hf_config: dict | None = None
+    # Device backend (exec/device.py): every tensor of a member lives on its device; on CUDA a
+    # member takes GPU `device % devices_per_node` (its local rank on the node; None: one node).
+    device: str = "cpu"
+    backend: str = "gloo"
+    precision: str = "fp32"
+    activation_checkpointing: bool = False
+    devices_per_node: int | None = None
 
 
 class WorkerFailed(RuntimeError):

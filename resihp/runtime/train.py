@@ -32,7 +32,7 @@ from resihp.sched.base import Policy
 from .config import TrainConfig, check_fits, check_run
 from .control.controller import launch_elastic
 from .control.protocol import Reached
-from .job import Interrupted, JobSpec, WorkerFailed
+from .job import Interrupted, WorkerFailed
 from .live import Progress
 from .state.dirlock import acquire
 
@@ -112,27 +112,16 @@ def run_training(
         from resihp.model.hf import check_weights
 
         check_weights(weights, plan.model)
+    if config.device == "cuda":  # the GPUs, before any process starts (needs torch: not in check_run)
+        from .exec.device import check_cuda
+
+        check_cuda([*plan.devices(), *plan.standby], config.devices_per_node)
     for _, p in replans:
-        check_fits(p, config.workers)
+        check_fits(p, config.workers, config.device)
         if not set(p.devices()) | set(p.standby) <= set(plan.devices()) | set(plan.standby):
             raise ValueError(f"a replan uses devices outside the initial plan: {p.devices()}")
-    job = JobSpec(
-        spec=plan.model,
-        workload=workload,
-        optim=config.optim(),
-        seed=config.seed,
-        iterations=config.iterations - start,
-        start_iteration=start,
-        timing=config.timing,
-        return_state=return_state,
-        p2p=config.p2p,
-        link_mb_per_s=float(config.link_mb_per_s),
-        checkpoint_every=config.checkpoint_every,
-        checkpoint_dir=config.checkpoint_dir,
-        resume=resume,
-        snapshots=config.snapshots,
-        weights=weights,
-        hf_config=config.hf_config(),
+    job = config.job_spec(
+        plan, workload=workload, weights=weights, start=start, return_state=return_state, resume=resume
     )
     rows: list[dict] = []
     lock = acquire(config.checkpoint_dir) if config.checkpoint_dir else None  # released at the end

@@ -33,7 +33,7 @@ TORCH_FREE = [
     "job", "faults", "config", "control.protocol", "control.transport", "control.liveness",
     "control.pids", "control.agent", "control.processes", "control.boundaries", "adapt.reconfig",
     "adapt.slowwatch", "adapt.calibrate", "state.dirlock", "control.signals", "control.events",
-    "control.failover",
+    "control.failover", "exec.p2p",
 ]  # fmt: skip
 
 

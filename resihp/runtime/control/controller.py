@@ -10,12 +10,10 @@ process per node (`agent.py`) spawns, watches, kills and reaps that node's membe
   resolved there (`faults.TimedFaults`, on a clock that starts at the first `go`).
 * Liveness (`processes.py`): a member silent for `heartbeat_timeout_s` is killed, a node whose
   agent died or went silent is fenced; either way its devices become fail-stops.
-* Fail-stop: the first death of a failure writes `ABORT` for the iteration in flight (and for a
-  generation still before its rendezvous) at once; once the failure is quiescent
-  (`failover.Failover`: every live member reported its abort or is at rest; deaths meanwhile
-  join it) the scheduler plans generation g+1 over the survivors (`reconfig.replan_after_stop`) and the
-  controller publishes it. A failed collective while no process died, or a member error, ends the
-  job with `WorkerFailed` (every child reaped).
+* Fail-stop: the first death writes `ABORT` for the iteration in flight (and any generation before
+  its rendezvous); once the failure is quiescent (`failover.Failover`) the scheduler plans g+1 over
+  the survivors (`reconfig.replan_after_stop`). A failed collective while no process died, or a
+  member error, ends the job with `WorkerFailed` (every child reaped).
 * Join barrier: members of g start its gloo rendezvous once `go/{g}` says so (every member arrived,
   alive); a death first supersedes g (`Gate.ABORT`). The next generation transfers from the last
   one every survivor joined (`recovery.source_generation`).
@@ -35,6 +33,7 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
+from resihp.core.faults import FaultSpec
 from resihp.core.plan import Plan
 from resihp.sched.base import Policy
 from resihp.sched.ours import ResiHP
@@ -264,7 +263,9 @@ class Controller:
         self.members -= set(dead)
         for d in dead:
             self.procs.liveness.forget(d)
-            cause = self.procs.killed.get(d, "exit")
+            cause = self.procs.cause(d)
+            if cause == "abort-hung" and self.it + 1 < self.end:  # a fresh member re-joins
+                self.due.add_rejoin(FaultSpec("rejoin", at_iter=self.it + 1, device=d))
             self.log.emit(
                 {"iter": self.it, "kind": "fail-stop", "devices": [d], "cause": cause, "generation": self.gen}
             )

@@ -30,6 +30,11 @@ daemon thread sends a `Heartbeat` on the agent's channel every `HEARTBEAT_S`
 to the controller; a frozen process goes silent and the controller has its agent kill it
 (`liveness.Liveness`). Every other message goes straight to the controller's channel.
 
+The backend is the job's (`run.backend`): gloo on CPU, NCCL on CUDA, where the member takes its
+node-local GPU (`exec.device.member_device`) and leaves a failed generation by aborting its
+communicators, bounded, instead of destroying them (`abort.py`: a member whose abort hangs exits
+and re-joins fresh).
+
 A collective that fails because a peer died raises RuntimeError; the member reports `Abort` and
 leaves at once. Leaving drops every reference to the generation's process groups and destroys
 them, which closes their sockets, so peers blocked on *this* member fail in turn — the failure
@@ -50,6 +55,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ..exec.device import member_device
 from ..exec.groups import build_groups
 from ..exec.iteration import Hooks
 from ..exec.worker import Worker
@@ -57,6 +63,17 @@ from ..faults import faults_at, join_stop
 from ..state.checkpoint import load_init, save_shard
 from ..state.snapshot import exchange, holders
 from ..state.transfer import holding_of, transfer
+from .abort import (
+    ABORT_HUNG_EXIT,
+    ABORT_TIMEOUT_S,
+    NCCL_TIMEOUT_S,
+    AbortWatch,
+    abort_communicators,
+    abort_groups,
+    bounded,
+    destroy_groups,
+    nccl_env,
+)
 from .board import PG_TIMEOUT_S, Board
 from .liveness import HeartbeatThread
 from .pids import watch
@@ -100,7 +117,7 @@ def member_main(blob: bytes, beats: Channel, results: Channel, agent: int) -> No
         torch.set_num_threads(1)
         timeout = timedelta(seconds=PG_TIMEOUT_S)
         store = dist.TCPStore("127.0.0.1", args.port, is_master=False, timeout=timeout)
-        _run(args.generation, args.job, args.device, store, results, heart)
+        _run(args.generation, args.job, args.device, store, results, heart, args.port)
 
     exit_after(args.device, results, body, heart.stop)
 
@@ -121,16 +138,42 @@ def exit_after(device: int, results: Channel, body, before_exit: Callable[[], No
     os._exit(code)
 
 
-def _teardown() -> None:
-    """Destroy this generation's default group (the caller dropped every reference to its groups,
-    so their sockets close now and peers still blocked on this member fail at once)."""
-    if dist.is_initialized():
+def _teardown(nccl: bool = False, failed: bool = False, abort=abort_groups, on_hang=None) -> None:
+    """Destroy this generation's groups (the caller dropped every reference to them, so their sockets
+    close now and peers still blocked on this member fail at once). On NCCL, `abort` them after a
+    failure, and exit through `on_hang` when that (or the destroy) does not return in time."""
+    if nccl:
+        bounded(abort if failed else destroy_groups, ABORT_TIMEOUT_S, on_hang)
+    elif dist.is_initialized():
         dist.destroy_process_group()
     gc.collect()
 
 
-def _run(gen: Generation | None, job, device: int, store, results: Channel, heart: HeartbeatThread) -> None:
+def _hung(device: int, results: Channel, heart: HeartbeatThread):
+    """The exit of a member whose abort did not return (its agent reports the code)."""
+
+    def on_hang() -> None:
+        results.send(Stopping(device, -1, time.time(), False))
+        heart.stop()
+        results.flush()
+        os._exit(ABORT_HUNG_EXIT)
+
+    return on_hang
+
+
+def _run(
+    gen: Generation | None, job, device: int, store, results: Channel, heart: HeartbeatThread, port: int = 0,
+    abort=abort_groups,
+) -> None:  # fmt: skip
+    """`abort`: how an NCCL member aborts its groups when it leaves a failed generation (injectable:
+    the tests make it hang)."""
     board = Board(store)
+    nccl = job.backend == "nccl"
+    on_hang = _hung(device, results, heart)
+    if nccl:
+        nccl_env()
+        guard = AbortWatch(port, lambda: bounded(abort_communicators, ABORT_TIMEOUT_S, on_hang))
+    dev = member_device(job, device)
     end = job.start_iteration + job.iterations
     # generation -> (Holding or None, snapshots): the committed state this member left it with
     held: dict[int, tuple] = {}
@@ -151,15 +194,20 @@ def _run(gen: Generation | None, job, device: int, store, results: Channel, hear
         snaps: dict = {}  # snapshot.py: the committed shards this device keeps for its buddies
         failed = None
         t0 = time.perf_counter()
+        if nccl:  # a death during the join: the controller aborts `decision/{g}/{it}` (NCCL won't raise)
+            guard.at(g, it)
         try:
             short = timedelta(seconds=JOIN_TIMEOUT_S)
             dist.init_process_group(
-                "gloo",
+                job.backend,
                 store=dist.PrefixStore(f"gen{g}", store),
                 rank=ranks[device],
                 world_size=len(ranks),
                 timeout=short,
+                **({"device_id": dev} if nccl else {}),
             )
+            if nccl:  # every rank's first collective on the world (batched P2P needs one before it)
+                dist.all_reduce(torch.zeros(1, device=dev))
             groups = build_groups(plan, device, ranks, timeout=short, step=job.optim.grad_clip > 0)
             stop = join_stop(faults, device, it)
             if stop is not None:  # the injected death (or hang) during a rebuild
@@ -169,7 +217,7 @@ def _run(gen: Generation | None, job, device: int, store, results: Channel, hear
             if source is not None:
                 holding, old_snaps = held.get(source[0], (None, {}))
                 hold = holders(source[1]) if job.snapshots else None
-                init = transfer(source[1], holding, plan, device, ranks, steps, old_snaps, hold)
+                init = transfer(source[1], holding, plan, device, ranks, steps, old_snaps, hold, dev)
             elif job.resume:  # a whole-job restart: state from the checkpoint
                 init = load_init(job.resume, plan, device)
             t2 = time.perf_counter()
@@ -179,20 +227,25 @@ def _run(gen: Generation | None, job, device: int, store, results: Channel, hear
                 worker = Worker(plan, device, groups, job, init, commits.hooks())
             if worker is not None and job.snapshots:
                 snaps.update(exchange(plan, device, ranks, holding_of(worker)))
-            long = timedelta(seconds=PG_TIMEOUT_S)  # heartbeats, not this, catch a hung peer
+            long = timedelta(seconds=NCCL_TIMEOUT_S if nccl else PG_TIMEOUT_S)  # heartbeats decide first
             dist.distributed_c10d._set_pg_timeout(long)
             groups.set_timeout(long)
         except RuntimeError as e:  # a peer died or hung during the rebuild (gloo raised or timed out)
             failed = f"join: {type(e).__name__}: {e}"[:300]
         if failed is not None:  # outside the except block: its traceback holds the groups too
             worker = groups = init = None
-            _teardown()
+            if nccl:
+                guard.at(None)
+            _teardown(nccl, True, abort, on_hang)
             results.send(Abort(device, g, it, failed))
             gen = board.generation(g + 1)
             continue
         init = None
         results.send(Joined(device, g, teardown_s, t1 - t0, t2 - t1, time.perf_counter() - t2))
-        leave = "standby" if worker is None else _iterate(worker, commits, it, end, ranks, snaps)
+        at = guard.at if nccl else None
+        leave = "standby" if worker is None else _iterate(worker, commits, it, end, ranks, snaps, at)
+        if nccl:
+            guard.at(None)
         t_left = time.perf_counter()
         if leave != "end":  # a standby member holds nothing but still takes part in the next transfer
             held[g] = (None if worker is None else holding_of(worker), snaps)
@@ -201,7 +254,7 @@ def _run(gen: Generation | None, job, device: int, store, results: Channel, hear
         # Drop every reference to this generation's groups before destroying them: the sockets
         # close, and peers still blocked on this member fail at once (the abort cascade).
         worker = groups = None
-        _teardown()
+        _teardown(nccl, leave == "abort", abort, on_hang)
         teardown_s = time.perf_counter() - t_left
         if leave == "end":
             break
@@ -261,11 +314,14 @@ class Commits:
         return faults_at(self.faults, self.device, k)[2]
 
 
-def _iterate(worker: Worker, commits: Commits, it: int, end: int, ranks, snaps: dict) -> str:
+def _iterate(worker: Worker, commits: Commits, it: int, end: int, ranks, snaps: dict, at=None) -> str:
     """Run and commit iterations from `it`; returns why the generation ends: next | abort | end.
-    With `job.snapshots`, `snaps` is refreshed after every committed step (`snapshot.exchange`)."""
+    With `job.snapshots`, `snaps` is refreshed after every committed step (`snapshot.exchange`).
+    `at(g, it)`: told the iteration that starts (the NCCL member's `AbortWatch`)."""
     device, g, results, heart = worker.device, commits.g, commits.results, commits.heart
     while it < end:
+        if at is not None:
+            at(g, it)
         stop = faults_at(commits.faults, device, it)[0]
         if stop is not None and stop.phase == "start":
             fail_now(stop, device, it, results, heart)

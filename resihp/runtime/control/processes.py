@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from ..job import WorkerFailed
 from .agent import Agents
 from .liveness import Inbox, Liveness, agent_beat
-from .protocol import FROM_MEMBER, TO_CONTROLLER, AgentBeat, Dispatch, Kind
+from .protocol import ABORT_HUNG_EXIT, FROM_MEMBER, TO_CONTROLLER, AgentBeat, Dispatch, Kind
 from .transport import Channel, Transport
 
 
@@ -69,6 +69,13 @@ class Processes:
 
     def on_agent(self, msg: AgentBeat) -> None:
         agent_beat(msg, self.liveness, self.agents.liveness, self.clock())
+
+    def cause(self, dev: int) -> str:
+        """Why the member of `dev` died: "heartbeat" or "node" (the controller killed it), "abort-hung"
+        (its NCCL abort did not return: `protocol.ABORT_HUNG_EXIT`), else "exit"."""
+        if self.agents.exitcode(dev) == ABORT_HUNG_EXIT:
+            return "abort-hung"
+        return self.killed.get(dev, "exit")
 
     def finish(self, dev: int) -> None:
         """The member of `dev` said done."""

@@ -35,6 +35,9 @@ if TYPE_CHECKING:
     from ..job import JobSpec
 
 
+ABORT_HUNG_EXIT = 75  # exit code of a member whose NCCL abort did not return (`abort.py`): re-joins fresh
+
+
 class Kind(Enum):
     JOINING = "joining"
     JOINED = "joined"

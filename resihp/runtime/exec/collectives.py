@@ -10,7 +10,12 @@ them to one TP process group:
 
 Every collective runs inside `CommClock.comm()`, so an instruction's wall time splits into time
 blocked in communication and compute-only time (the detector needs the latter: wall time around a
-collective hides which rank was slow).
+collective hides which rank was slow). On CPU the clock is `perf_counter`. On CUDA, where a
+call only queues kernels, it records CUDA events on the current (compute) stream instead: an
+instruction's span runs from the event before its first kernel to the event after its last, and a
+collective's from the event before it to the event after the compute stream was made to wait for it
+(`work.wait()`), so comm time is what the compute stream spent waiting for the collective. The
+events are read once per iteration (`resolve`, after the worker synchronised the device).
 """
 
 from __future__ import annotations
@@ -26,22 +31,56 @@ from resihp.model import identity
 
 
 class CommClock:
-    """Accumulates seconds spent inside `comm()` blocks; disabled clocks cost one branch."""
+    """Seconds spent inside `comm()` blocks (CPU: `comm_s`; CUDA: event pairs in `spans`); a disabled
+    clock costs one branch. `mark()` is a point in time, `split(a, b)` the (wall, comm) seconds
+    between two marks — at once on CPU, after `sync()` on CUDA."""
 
-    def __init__(self, enabled: bool = True) -> None:
+    def __init__(self, enabled: bool = True, device: torch.device | None = None) -> None:
         self.enabled = enabled
+        self.cuda = device is not None and device.type == "cuda"
         self.comm_s = 0.0
+        self.spans: list[tuple] = []  # CUDA: (start, end) events of every comm() block
+
+    def reset(self) -> None:
+        self.comm_s = 0.0
+        self.spans = []
+
+    def _now(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def mark(self) -> tuple:
+        """This point: (time or event, comm blocks so far)."""
+        return self._now(), self.comm_s if not self.cuda else len(self.spans)
+
+    def split(self, a: tuple, b: tuple) -> tuple[float, float]:
+        """(wall, comm) seconds from mark `a` to mark `b`."""
+        if not self.cuda:
+            return b[0] - a[0], b[1] - a[1]
+        comm = sum(s.elapsed_time(e) for s, e in self.spans[a[1] : b[1]]) / 1e3
+        return a[0].elapsed_time(b[0]) / 1e3, comm
+
+    def sync(self, mark: tuple) -> None:
+        """Wait until the device reached `mark` (a no-op on CPU)."""
+        if self.cuda:
+            mark[0].synchronize()
 
     @contextmanager
     def comm(self):
         if not self.enabled:
             yield
             return
-        t0 = time.perf_counter()
+        t0 = self._now()
         try:
             yield
         finally:
-            self.comm_s += time.perf_counter() - t0
+            if self.cuda:
+                self.spans.append((t0, self._now()))
+            else:
+                self.comm_s += time.perf_counter() - t0
 
 
 def tp_callables(

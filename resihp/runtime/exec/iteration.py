@@ -1,6 +1,10 @@
 """One iteration of a worker: what it creates and consumes (`Iteration`), and the elastic
 runtime's hooks into it (`Hooks`) — the commit point, the gradient reduction's start, injected
 slowness. `exec/worker.py` runs the iteration; `control/member.py` provides the hooks.
+
+Nothing of an iteration waits for the device on the way (a CUDA member's host runs ahead of its
+kernels): losses stay tensors until STEP reads them all at once, the timing rows stay marks
+(`CommClock`) until the worker resolves them after its one synchronisation at the end.
 """
 
 from __future__ import annotations
@@ -53,8 +57,16 @@ class Iteration:
     acts: dict = field(default_factory=dict)  # (src, j) -> received activation (N, h), F's input
     grads: dict = field(default_factory=dict)  # (src, j) -> received output gradient (N, h), B's input
     gx: dict = field(default_factory=dict)  # (src, j) -> input gradient (N, h) to send upstream
-    sends: list = field(default_factory=list)  # (work, buffer) of isends in flight, waited at ALLREDUCE
-    losses: list[LossRow] = field(default_factory=list)  # last stage, TP rank 0
+    sends: list = field(default_factory=list)  # (works, buffer) of isends in flight, waited at ALLREDUCE
+    inbox: dict = field(
+        default_factory=dict
+    )  # (what, src, j) -> (works, buffers, posted time): receives posted
+    losses: list[LossRow] = field(
+        default_factory=list
+    )  # last stage, TP rank 0: (k, loss tensor, n) until STEP
+    marks: list = field(
+        default_factory=list
+    )  # (instruction index, start mark, end mark) of each timed instruction
     rows: list[InstrRow] = field(default_factory=list)  # the trace's `instrs`
     transfers: list[LinkRow] = field(default_factory=list)  # the trace's `links`
     reducing: bool = False  # the gradient reduction began (`Hooks.on_allreduce` ran)

@@ -55,7 +55,7 @@ def clipping_scale(worker) -> float:
     if not clip:
         return 1.0
     st, rank = worker.stage, worker.groups.tp_rank
-    sq = torch.zeros((), dtype=torch.float64)
+    sq = torch.zeros((), dtype=torch.float64, device=worker.dev)
     for name in worker.norm_names:
         grad = worker.named[name].grad
         sq += owned_sq_sum(worker.spec, name, grad, st.tp_split, st.ffn_split, rank).double()

@@ -13,9 +13,10 @@ Semantics of the primitives (`resihp.core.program`), per micro-batch (src, j) at
   which broadcasts it in its TP group. `p2p = "chunked"` (ResiHP's rule): the tensor is cut into
   n = min(tp_send, tp_recv) row blocks, rank r < n sends block r to the peer's rank r (n links in
   parallel), and the receivers broadcast their blocks in their TP group. Global-rank P2P on the
-  default group; sends are `isend`s waited before ALLREDUCE. Exact for any pair of TP sizes. Each
-  block travels with its send time (2 extra fp32 elements), from which the receiver applies the
-  link model (`_transfer`) and records the block's transfer time (the trace's `links`).
+  default group, without tags: blocks are matched by posting order, and each run of consecutive
+  SEND/RECV instructions is posted as one batch at its first instruction (`p2p.py`, `pipe.py`);
+  sends are waited before ALLREDUCE. Exact for any pair of TP sizes. Send times travel with a
+  block only for the link model or a link fault (`pipe.py`).
 * ALLREDUCE: per gradient segment the instruction names (`resihp.core.segments`), in layer order.
   Sharded (all holders split the segment alike): TP sum of the partial entries
   (`sync_tp_grads`), then an all-reduce of the shard over the devices of equal TP rank. Full:
@@ -27,10 +28,18 @@ Semantics of the primitives (`resihp.core.program`), per micro-batch (src, j) at
   (`exec/step.py`), the commit point, the schedule's learning rate for the iteration
   (`optim.learning_rate`) and AdamW on the shard (element-wise, so shard steps equal the
   full-model step).
+
+Device backend (`device.py`): the stage, its optimizer state, micro-batches and every buffer live on
+the member's device (`dev`); the forward runs in the job's precision (bf16 autocast or fp32) and, with
+`job.activation_checkpointing`, recomputes each block in the backward. Per instruction the clock
+(`CommClock`: CPU time, or CUDA events) marks its span and its collectives' spans; on CUDA the marks
+are read once, after the device is synchronised at STEP. Injected slowness is device work
+(`slow.py`), after every F, B and W that did work.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
@@ -40,8 +49,9 @@ from resihp.core.plan import Plan
 from resihp.core.program import Instr, compile_plan
 from resihp.core.schedule import get_schedule
 from resihp.core.segments import GradSegment
-from resihp.core.trace_format import COMPUTE_OPS, InstrRow, LinkRow, LossRow
+from resihp.core.trace_format import COMPUTE_OPS, InstrRow, LossRow
 from resihp.model import (
+    Docs,
     build_stage,
     full_shape,
     gather_tensor,
@@ -52,15 +62,14 @@ from resihp.model import (
 from resihp.model.loss import microbatch_loss
 
 from .collectives import CommClock, tp_callables
-from .data import build_microbatch
+from .data import MicroBatch, build_microbatch
+from .device import compute_precision, member_device, synchronize
 from .groups import Groups
 from .iteration import Hooks, Iteration
 from .optim import build_optimizer, owned_names, set_learning_rate
+from .pipe import Pipe
+from .slow import Slowdown
 from .step import clipping_scale, tie_embedding_grads
-
-
-def _tag(src: int, mb: int, what: str) -> int:
-    return (src * 100_000 + mb) * 2 + (what == "grad")
 
 
 class Worker:
@@ -76,27 +85,36 @@ class Worker:
         self.plan, self.device, self.groups, self.job = plan, device, groups, job
         self.hooks = Hooks() if hooks is None else hooks
         self.spec, self.workload = job.spec, job.workload
-        self.instrs = compile_plan(plan).instructions(device)
+        self.dev = member_device(job, device)
+        program = compile_plan(plan)
+        self.instrs = program.instructions(device)
         self.replica, self.stage_index = plan.stage_of(device)
         st = plan.replicas[self.replica][self.stage_index]
         self.stage = st
         self.model = build_stage(
             self.spec, st.layers, st.tp_split, st.ffn_split, groups.tp_rank, **self._source(init)
         )
+        self.model.to(self.dev)
+        self.model.activation_checkpointing = job.activation_checkpointing
         self.named = dict(self.model.named_parameters())
         self.params = list(self.named.values())
         self.opt = build_optimizer(self.named.items(), job.optim)
         if init is not None and init.moments is not None:
             for n, p in self.named.items():
                 self.opt.state[p] = {
-                    "step": torch.tensor(float(init.steps)),
+                    "step": torch.tensor(float(init.steps)),  # on the host, as AdamW keeps it
                     **{
-                        k: slice_tensor(self.spec, n, full[n], st.tp_split, st.ffn_split, groups.tp_rank)
+                        k: slice_tensor(self.spec, n, full[n], st.tp_split, st.ffn_split, groups.tp_rank).to(
+                            self.dev
+                        )
                         for k, full in zip(("exp_avg", "exp_avg_sq"), init.moments)
                     },
                 }
         self.G = plan.global_microbatches
-        self.clock = CommClock(job.timing)
+        self.clock = CommClock(job.timing, self.dev)
+        self.precision = functools.partial(compute_precision, job, self.dev)  # (no cycle through self)
+        self.pipe = Pipe(self, program)
+        self.slowdown = Slowdown(self.clock, self.dev)
         self.enter, self.reduce = tp_callables(groups.tp_group, self.clock)
         self.split_bw = get_schedule(plan.schedule).split_bw
         self.now: Iteration | None = None
@@ -119,29 +137,34 @@ class Worker:
         return {"seed": self.job.seed}
 
     def _zeros(self, name: str) -> list[torch.Tensor]:
-        full = torch.zeros(full_shape(self.spec, name))
+        full = torch.zeros(full_shape(self.spec, name), device=self.dev)
         st = self.stage
         return [slice_tensor(self.spec, name, full, st.tp_split, st.ffn_split, r) for r in range(st.tp)]
 
     # ------------------------------------------------------------------ one iteration
     def run_iteration(self, it: int) -> dict:
         """Run the instruction list for iteration `it`; returns this device's trace record."""
-        hooks, clock = self.hooks, self.clock
+        hooks, clock, posts = self.hooks, self.clock, self.pipe.posts
         now = self.now = Iteration(it, self.workload.pack(it, self.G), hooks.slow(it), hooks.link(it), 0.0)
-        clock.comm_s = 0.0
+        clock.reset()
+        slow = now.slow < 1.0
         try:
             now.t_start, cpu_start = time.perf_counter(), time.process_time()
-            for ins in self.instrs:
-                if clock.enabled or now.slow < 1.0:
-                    t0, c0 = time.perf_counter(), clock.comm_s
-                getattr(self, "_" + ins.op)(ins)
-                if now.slow < 1.0 and ins.op in COMPUTE_OPS:  # injected slowdown: t -> t / p
-                    t = time.perf_counter() - t0 - (clock.comm_s - c0)
-                    time.sleep(max(t, 0.0) * (1.0 / now.slow - 1.0))
+            for k, ins in enumerate(self.instrs):
+                if clock.enabled or slow:
+                    start = clock.mark()
+                if k in posts:
+                    with clock.comm():
+                        self.pipe.post(posts[k], now)
+                worked = getattr(self, "_" + ins.op)(ins)
+                if slow and ins.op in COMPUTE_OPS and worked is not False:  # injected slowdown: t -> t / p
+                    self.slowdown.after(k, start, now.slow)
                 if clock.enabled:
-                    wall, comm = time.perf_counter() - t0, clock.comm_s - c0
-                    now.rows.append(InstrRow(ins.op, ins.src, ins.mb, round(wall - comm, 7), round(comm, 7)))
+                    now.marks.append((k, start, clock.mark()))
+            assert not now.inbox, f"device {self.device}: blocks posted but never received: {list(now.inbox)}"
+            synchronize(self.dev)  # its second wait for the device (STEP waited first): the optimizer
             wall, cpu = time.perf_counter() - now.t_start, time.process_time() - cpu_start
+            rows = self._rows(now)
         finally:
             self.now = None
         return {
@@ -153,123 +176,90 @@ class Worker:
             "tp_rank": self.groups.tp_rank,
             "wall_s": wall,
             "cpu_s": cpu,
-            "compute_s": sum(r.compute_s for r in now.rows),
-            "comm_s": sum(r.comm_s for r in now.rows),
-            "instrs": now.rows,
+            "compute_s": sum(r.compute_s for r in rows),
+            "comm_s": sum(r.comm_s for r in rows),
+            "instrs": rows,
             "links": now.transfers,
             "losses": now.losses,
             "allreduce_bytes": now.allreduce_bytes,
             "grad_norm": now.grad_norm,
         }
 
-    def _mb(self, src: int, j: int):
+    def _rows(self, now: Iteration) -> list[InstrRow]:
+        """The trace's `instrs` from the iteration's marks (device work is done: events are readable);
+        also what the slowdown learns of each instruction's compute time."""
+        rows = []
+        for k, a, b in now.marks:
+            ins = self.instrs[k]
+            wall, comm = self.clock.split(a, b)
+            rows.append(InstrRow(ins.op, ins.src, ins.mb, round(wall - comm, 7), round(comm, 7)))
+            if self.clock.cuda and ins.op in COMPUTE_OPS:
+                self.slowdown.learn(k, max(wall - comm, 0.0), now.slow)
+        return rows
+
+    def _mb(self, src: int, j: int) -> tuple[MicroBatch, Docs, int]:
+        """Micro-batch (src, j) on the device, its documents and target count (read on the host)."""
         now, key = self.now, (src, j)
         if key not in now.mbs:
             k = self.plan.mb_offset(src) + j
-            now.mbs[key] = build_microbatch(self.workload, now.batch, k, now.it)
+            mb = build_microbatch(self.workload, now.batch, k, now.it)
+            docs, targets = Docs.of(mb.segment_ids), mb.num_targets
+            if self.dev.type != "cpu":
+                mb = MicroBatch(*(t.to(self.dev, non_blocking=True) for t in vars(mb).values()))
+            now.mbs[key] = (mb, docs, targets)
         return now.mbs[key]
 
     # ------------------------------------------------------------------ primitives
     def _F(self, ins: Instr) -> None:
         now, key = self.now, (ins.src, ins.mb)
-        mb = self._mb(*key)
+        mb, docs, targets = self._mb(*key)
         x = mb.input_ids if self.model.is_first else now.acts.pop(key).requires_grad_()
-        out = self.model(x, mb.segment_ids, mb.positions, enter=self.enter, reduce=self.reduce)
+        with self.precision():
+            out = self.model(x, mb.segment_ids, mb.positions, docs=docs, enter=self.enter, reduce=self.reduce)
         if self.model.is_last:
-            out, n = microbatch_loss(out, mb.target_ids, self.G, self.workload.seq_len)
-            if self.groups.tp_rank == 0:
-                now.losses.append(LossRow(self.plan.mb_offset(ins.src) + ins.mb, out.item(), n))
+            out, n = microbatch_loss(out, mb.target_ids, self.G, self.workload.seq_len, targets)
+            if self.groups.tp_rank == 0:  # read at STEP, all at once
+                now.losses.append(LossRow(self.plan.mb_offset(ins.src) + ins.mb, out.detach(), n))
         now.live[key] = [x, out, None]
 
-    def _B(self, ins: Instr) -> None:
+    def _B(self, ins: Instr) -> bool:
+        """False (no work done) under zbh1 on the first stage: no input to take a gradient of."""
         now, key = self.now, (ins.src, ins.mb)
         x, out, _ = entry = now.live[key]
         g = now.grads.pop(key, None)  # None on the last stage: out is the scalar loss
         first = self.model.is_first
         if self.split_bw:
             entry[2] = g
-            if not first:
-                (now.gx[key],) = torch.autograd.grad(out, [x], g, retain_graph=True)
-            return
+            if first:
+                return False
+            (now.gx[key],) = torch.autograd.grad(out, [x], g, retain_graph=True)
+            return True
         inputs = self.params if first else [x, *self.params]
         grads = torch.autograd.grad(out, inputs, g, allow_unused=True)
         if not first:
             now.gx[key], grads = grads[0], grads[1:]
         self._accumulate(grads)
         del now.live[key]
+        return True
 
-    def _W(self, ins: Instr) -> None:
+    def _W(self, ins: Instr) -> bool:
+        """Weight gradients under zbh1; False (no work done) under gpipe / 1f1b, where B made them."""
         if not self.split_bw:
-            return
+            return False
         _, out, g = self.now.live.pop((ins.src, ins.mb))
         self._accumulate(torch.autograd.grad(out, self.params, g, allow_unused=True))
+        return True
 
     def _accumulate(self, grads) -> None:
         for p, g in zip(self.params, grads):
             if g is not None:
                 p.grad = g if p.grad is None else p.grad.add_(g)
 
-    def _links(self, peer: tuple[int, int]) -> int:
-        """Number of parallel P2P links to the peer stage: 1 (root to root) or min of the TP sizes."""
-        if self.job.p2p == "root":
-            return 1
-        return min(self.stage.tp, self.plan.replicas[peer[0]][peer[1]].tp)
-
     def _RECV(self, ins: Instr) -> None:
-        buf = torch.empty(self.workload.seq_len, self.spec.hidden)  # (N, h)
-        n, rank = self._links(ins.peer), self.groups.tp_rank
-        chunks = torch.tensor_split(buf, n)  # contiguous row blocks of buf
-        with self.clock.comm():
-            if rank < n:
-                chunk = chunks[rank]
-                msg = torch.empty(chunk.numel() + 2)  # (N/n·h + 2,): the block, then its send time
-                src = self.groups.rank_of(*ins.peer, rank)
-                posted = time.perf_counter()
-                dist.recv(msg, src=src, tag=_tag(ins.src, ins.mb, ins.what))
-                chunk.copy_(msg[:-2].view_as(chunk))
-                peer = self.plan.replicas[ins.peer[0]][ins.peer[1]].devices[rank]
-                sent = float(msg[-2]) + float(msg[-1])
-                self._transfer(peer, ins, sent, posted, chunk.numel() * chunk.element_size())
-            if self.groups.tp_group is not None:
-                for r in range(n):
-                    dist.broadcast(
-                        chunks[r],
-                        src=self.groups.rank_of(self.replica, self.stage_index, r),
-                        group=self.groups.tp_group,
-                    )
-        (self.now.acts if ins.what == "act" else self.now.grads)[(ins.src, ins.mb)] = buf
-
-    def _transfer(self, peer: int, ins: Instr, sent: float, posted: float, nbytes: int) -> None:
-        """The link model of a received block (docs/runtime.md, "Fault injection"): the transfer
-        starts when both ends are ready (`start` = max(send time, recv posted); one clock, as
-        `perf_counter` is CLOCK_MONOTONIC, system-wide on Linux) and lasts max(measured, nbytes /
-        `job.link_mb_per_s`) / f, f the injected link factor (1 when healthy): the receiver sleeps
-        until then. Records the block's `LinkRow` in the iteration's `transfers`."""
-        start = max(sent, posted)
-        bw = self.job.link_mb_per_s * 1e6
-        wire = max(time.perf_counter() - start, nbytes / bw if bw > 0 else 0.0)
-        wire /= self.now.link.get(peer, 1.0)
-        delay = start + wire - time.perf_counter()
-        if delay > 0.0:
-            time.sleep(delay)
-        if self.clock.enabled:
-            took = round(time.perf_counter() - start, 7)
-            self.now.transfers.append(LinkRow(peer, self.device, ins.what, ins.src, ins.mb, nbytes, took))
+        self.pipe.recv(ins, self.now)
 
     def _SEND(self, ins: Instr) -> None:
-        now, key = self.now, (ins.src, ins.mb)
-        t = now.live[key][1] if ins.what == "act" else now.gx.pop(key)
-        n, rank = self._links(ins.peer), self.groups.tp_rank
-        if rank >= n:
-            return
-        block = torch.tensor_split(t.detach(), n)[rank]  # (N/n, h)
-        with self.clock.comm():
-            sent = time.perf_counter()
-            hi = float(torch.tensor(sent, dtype=torch.float32))  # the send time, exact in two fp32
-            msg = torch.cat([block.reshape(-1), torch.tensor([hi, sent - hi])])  # (N/n·h + 2,)
-            dst = self.groups.rank_of(*ins.peer, rank)
-            work = dist.isend(msg, dst=dst, tag=_tag(ins.src, ins.mb, ins.what))
-        now.sends.append((work, msg))
+        """Nothing left to do: the block was posted with its run (`pipe.post`)."""
 
     def _segment_names(self, seg: GradSegment) -> list[str]:
         names = ["embed.weight"] if seg.with_embedding else []
@@ -282,8 +272,9 @@ class Worker:
     def _ALLREDUCE(self, ins: Instr) -> None:
         now = self.now
         with self.clock.comm():  # sends still in flight count as communication of this step
-            for work, _ in now.sends:
-                work.wait()
+            for works, _ in now.sends:
+                for work in works:
+                    work.wait()
         now.sends.clear()
         if not now.reducing:
             now.reducing = True
@@ -346,8 +337,12 @@ class Worker:
 
     def _STEP(self, ins: Instr) -> None:
         now, cfg = self.now, self.job.optim
+        if now.losses:  # every micro-batch loss of the iteration, read in one transfer
+            values = torch.stack([row.loss for row in now.losses]).tolist()
+            now.losses = [row._replace(loss=v) for row, v in zip(now.losses, values)]
         tie_embedding_grads(self)
         scale = clipping_scale(self)
+        synchronize(self.dev)  # wall time up to STEP covers the device's work
         if self.hooks.before_step is not None:
             self.hooks.before_step(now.it, now.losses, time.perf_counter() - now.t_start)
         if scale < 1.0:
@@ -359,5 +354,5 @@ class Worker:
         self.opt.zero_grad(set_to_none=True)
 
     def state_numpy(self) -> dict:
-        """This shard's parameters as numpy arrays (canonical names)."""
-        return {n: p.detach().numpy().copy() for n, p in self.named.items()}
+        """This shard's parameters as numpy arrays (canonical names), copied to the host."""
+        return {n: p.detach().cpu().numpy().copy() for n, p in self.named.items()}

@@ -135,7 +135,9 @@ def load_full(path: str, names=None, moments: bool = True) -> StageInit:
         st = sources[name]
         for d in st.devices:
             if d not in shards:
-                shards[d] = torch.load(os.path.join(path, f"dev{d}.pt"), weights_only=True)
+                shards[d] = torch.load(
+                    os.path.join(path, f"dev{d}.pt"), weights_only=True, map_location="cpu"
+                )
         kinds = 3 if moments and shards[st.devices[0]]["moments"] is not None else 1
         for k in range(kinds):
             pieces = [

@@ -8,7 +8,9 @@ holds other layers (another pipeline stage of the same or another replica) — s
 index (every replica of it) never takes its snapshot with it. TP rank t sends to rank t mod tp'.
 
 `exchange` refreshes the snapshots: once when a generation starts (after the state transfer), and
-after every committed optimizer step, by point-to-point sends on the generation's default group —
+after every committed optimizer step, by point-to-point sends on the generation's default group
+(one `batch_isend_irecv`, no tags: at most one buffer travels each way between two devices, and no
+pipeline block is in flight between iterations), on the members' device —
 for the tiny CPU model a few hundred kB per device and iteration. Snapshots are therefore always
 the state of the last committed iteration under the current Plan, and `transfer` can use a holder
 in place of a lost source device (`transfer.source_stages(..., holders)`): the run continues
@@ -25,8 +27,6 @@ from resihp.core.plan import Plan
 from resihp.model import full_shape, slice_tensor, stage_param_names
 
 from .transfer import Holding
-
-TAG = 10**9  # above every pipeline tag (worker._tag): never matches an activation or gradient
 
 
 def holders(plan: Plan) -> dict[int, int]:
@@ -55,7 +55,12 @@ def _layout(plan: Plan, device: int) -> list[tuple[str, torch.Size]]:
     t = st.devices.index(device)
     spec = plan.model
     return [
-        (n, slice_tensor(spec, n, torch.empty(full_shape(spec, n)), st.tp_split, st.ffn_split, t).shape)
+        (
+            n,
+            slice_tensor(
+                spec, n, torch.empty(full_shape(spec, n), device="meta"), st.tp_split, st.ffn_split, t
+            ).shape,
+        )
         for n in stage_param_names(spec, st.layers)
     ]
 
@@ -65,16 +70,17 @@ def exchange(plan: Plan, device: int, ranks: dict[int, int], holding: Holding) -
     the plan's devices (standby members do not call it). Returns {source device: Holding}."""
     hold = holders(plan)
     kinds = 1 if holding.moments is None else 3
-    works, bufs = [], {}
+    dev = next(iter(holding.params.values())).device
+    ops, bufs = [], {}
     for src in sorted(d for d, h in hold.items() if h == device):
         numel = sum(s.numel() for _, s in _layout(plan, src))
-        bufs[src] = torch.empty(numel * kinds)
-        works.append(dist.irecv(bufs[src], src=ranks[src], tag=TAG))
+        bufs[src] = torch.empty(numel * kinds, device=dev)
+        ops.append(dist.P2POp(dist.irecv, bufs[src], ranks[src]))
     if device in hold:
         tensors = [holding.params] + (list(holding.moments) if kinds > 1 else [])
         out = torch.cat([t[n].reshape(-1) for n, _ in _layout(plan, device) for t in tensors])
-        works.append(dist.isend(out, dst=ranks[hold[device]], tag=TAG))
-    for w in works:
+        ops.append(dist.P2POp(dist.isend, out, ranks[hold[device]]))
+    for w in dist.batch_isend_irecv(ops) if ops else []:
         w.wait()
     snaps = {}
     for src, buf in bufs.items():

@@ -13,7 +13,9 @@ standby are all the same operation. Parameters and moments are bitwise copies: a
 nothing numerically but the order of later floating-point reductions.
 
 Simplest correct, not cheapest: every member receives every buffer (a tiny CPU model moves in
-milliseconds); a targeted point-to-point plan is an optimisation left for later.
+milliseconds); a targeted point-to-point plan is an optimisation left for later. Buffers live on
+the member's device (`dev`; a broadcast moves device memory under NCCL); the layouts are computed
+on the meta device, so a large model never allocates a full tensor to learn a shape.
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ def _layout(plan: Plan, sources: dict[str, Stage], device: int) -> list[tuple[st
     for name, st in sources.items():
         if device in st.devices:
             r = st.devices.index(device)
-            full = torch.empty(full_shape(spec, name))
+            full = torch.empty(full_shape(spec, name), device="meta")
             out.append((name, slice_tensor(spec, name, full, st.tp_split, st.ffn_split, r).shape))
     return out
 
@@ -112,8 +114,10 @@ def transfer(
     steps: int,
     snaps: dict[int, Holding] | None = None,
     holders: dict[int, int] | None = None,
+    dev: torch.device | None = None,
 ) -> StageInit | None:
-    """Collective over the new world (every member calls it): this device's new stage's state.
+    """Collective over the new world (every member calls it): this device's new stage's state, on
+    `dev` (default: the CPU).
 
     `holding` is this device's state under `old` (None when it held nothing); `steps` the number
     of committed optimizer steps (0: no moments exist yet). Returns None for a standby device.
@@ -139,7 +143,7 @@ def transfer(
             tensors = [held.params] + (list(held.moments) if kinds > 1 else [])
             buf = torch.cat([t[n].reshape(-1) for n, _ in layout for t in tensors])
         else:
-            buf = torch.empty(sum(sizes) * kinds)
+            buf = torch.empty(sum(sizes) * kinds, device=dev)
         dist.broadcast(buf, src=ranks[root])
         offset = 0
         for (name, shape), numel in zip(layout, sizes):
