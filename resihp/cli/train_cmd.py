@@ -52,7 +52,8 @@ def run(args) -> int:
         check_dir(args.checkpoint_dir, "--checkpoint-dir")
         check_free(args.checkpoint_dir, "--checkpoint-dir")
     raw = read_toml(args.config, "--config") if args.config else {}
-    from resihp.runtime.config import TrainConfig, check_run
+    from resihp.runtime.checks import check_run
+    from resihp.runtime.config import TrainConfig
 
     config = TrainConfig.from_dict(raw)
     if args.iterations is not None:

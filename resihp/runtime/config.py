@@ -56,7 +56,7 @@ TOML layout (every key optional; defaults = the embedded default job):
 A bad key or value raises ValueError naming `section.key`, the value and what is allowed; a plan
 that does not fit the model or the requested workers, a missing or unreadable file, an output
 that cannot be written, a checkpoint directory that is a file or that another live run holds, and
-a fault outside the run or without effect fail the same way (`check_run`), before any process
+a fault outside the run or without effect fail the same way (`checks.check_run`), before any process
 starts.
 """
 
@@ -66,8 +66,7 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
 
-from resihp.core.faults import FaultSpec, check_faults
-from resihp.core.files import check_dir, check_input, check_outputs, read_toml
+from resihp.core.files import read_toml
 from resihp.core.hf_config import CONFIG, read_config, spec_from_config, weight_files
 from resihp.core.model_spec import ModelSpec, model_preset
 from resihp.core.plan import SCHEDULES, Plan
@@ -76,12 +75,10 @@ from resihp.core.workload import FILE, LENGTH_KINDS, Workload
 from resihp.sched.base import Policy
 from resihp.sched.registry import build_policy
 
+from .checks import check_fits
 from .control.liveness import HEARTBEAT_TIMEOUT_RANGE_S, HEARTBEAT_TIMEOUT_S
-from .faults import load_faults
 from .job import BACKENDS, DEVICES, PRECISIONS, JobSpec, OptimConfig
-from .state.dirlock import check_free
 
-MAX_WORKERS_PER_CORE = 16
 P2P_MODES = ("root", "chunked")
 
 # TOML section -> {key in the file: dataclass field}
@@ -368,19 +365,6 @@ class TrainConfig:
         """The config in file `path` (`what`: how the user named it, for messages)."""
         return cls.from_dict(read_toml(path, what))
 
-    def check_paths(self) -> None:
-        """ValueError unless `run.faults` is a readable file, `run.trace` a writable place and
-        `run.checkpoint_dir` a directory this run can fill and no live run holds (`dirlock`)."""
-        if self.faults is not None:
-            check_input(self.faults, "run.faults")
-        check_outputs({"run.trace": self.trace})
-        if self.checkpoint_dir is not None:
-            check_dir(self.checkpoint_dir, "run.checkpoint_dir")
-            check_free(self.checkpoint_dir, "run.checkpoint_dir")
-        if self.data_path is not None:
-            check_input(self.data_path, "data.path")
-            self.tokens().check(self.spec.vocab, "data.path")
-
     @classmethod
     def from_dict(cls, data: dict) -> TrainConfig:
         """From the nested TOML layout; unknown sections or keys raise ValueError."""
@@ -400,35 +384,6 @@ class TrainConfig:
                     raise ValueError(f"unknown key {sec}.{key}; allowed: {', '.join(SECTIONS[sec])}")
                 kwargs[SECTIONS[sec][key]] = value
         return cls(**kwargs)
-
-
-def check_run(config: TrainConfig, plan: Plan, start: int = 0) -> tuple[FaultSpec, ...]:
-    """Every check of a run that needs no process and no torch, so that a bad input fails before
-    anything starts: the plan fits the workers, the paths (`check_paths`), and the faults file
-    (`core.faults.check_faults` on the plan's devices, iterations `[start, run.iterations)` and the
-    link model of `run.link_mb_per_s`). Returns the checked faults."""
-    check_fits(plan, config.workers, config.device)
-    config.check_paths()
-    faults = load_faults(config.faults) if config.faults else ()
-    return check_faults(
-        faults, plan.devices(), iterations=config.iterations, start=start, links=config.link_mb_per_s > 0
-    )
-
-
-def check_fits(plan: Plan, workers: int, device: str = "cpu") -> None:
-    """ValueError when the plan needs more devices than `workers` or, on CPU, than the machine's cores
-    can host (on CUDA the GPUs are the limit: `exec.device.check_cuda`, which needs torch)."""
-    need = len(plan.devices())
-    if need > workers:
-        raise ValueError(f"the plan needs {need} devices but run.workers = {workers}")
-    if device != "cpu":
-        return
-    cores = os.cpu_count() or 1
-    if need > MAX_WORKERS_PER_CORE * cores:
-        raise ValueError(
-            f"the plan needs {need} worker processes; this machine has {cores} cores "
-            f"(at most {MAX_WORKERS_PER_CORE * cores} workers)"
-        )
 
 
 assert {f.name for f in fields(TrainConfig)} == set(_WHERE), "every field has a TOML key"

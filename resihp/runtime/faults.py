@@ -21,7 +21,7 @@ and end markers (`FaultEnd`), which is all that members see (`faults_at`, `join_
 
 Which fault lists are accepted, and what overlapping or contradictory faults mean, is
 `resihp.core.faults.check_faults` — the same rules and messages as `resihp simulate`;
-`config.check_run` (run by `resihp train` before the runtime loads, and by `run_training`) applies
+`checks.check_run` (run by `resihp train` before the runtime loads, and by `run_training`) applies
 it with the run's devices, iterations (and resume start) and link model before any process starts.
 """
 

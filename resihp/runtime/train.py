@@ -29,7 +29,8 @@ from resihp.core.trace_format import record_to_json
 from resihp.model.loss import iteration_loss
 from resihp.sched.base import Policy
 
-from .config import TrainConfig, check_fits, check_run
+from .checks import check_fits, check_run
+from .config import TrainConfig
 from .control.controller import launch_elastic
 from .control.protocol import Reached
 from .job import Interrupted, WorkerFailed

@@ -2,14 +2,15 @@
 accept or reject the same fault list, with the same message.
 
 Both sides go through their real loaders: the scenario loader that `plan` / `simulate` / `detect`
-use, and `runtime.config.check_run`, which `resihp train` runs before any process starts. The job
+use, and `runtime.checks.check_run`, which `resihp train` runs before any process starts. The job
 is the same on both sides: 8 devices, 10 iterations, a link model on (`run.link_mb_per_s` > 0).
 """
 
 import pytest
 
 from resihp.core.scenario import loads_scenario
-from resihp.runtime.config import TrainConfig, check_run
+from resihp.runtime.checks import check_run
+from resihp.runtime.config import TrainConfig
 
 SCENARIO = """
 [model]

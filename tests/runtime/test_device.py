@@ -9,7 +9,8 @@ import torch
 
 from resihp.core.model_spec import model_preset
 from resihp.core.plan import Plan
-from resihp.runtime.config import TrainConfig, check_fits
+from resihp.runtime.checks import check_fits
+from resihp.runtime.config import TrainConfig
 from resihp.runtime.exec.device import check_cuda, local_rank
 
 

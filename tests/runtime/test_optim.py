@@ -11,6 +11,7 @@ from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan, Stage
 from resihp.core.segments import tied_embedding_devices
 from resihp.model import full_shape, owned_sq_sum, slice_tensor, stage_param_names
+from resihp.runtime.checks import check_paths
 from resihp.runtime.config import TrainConfig
 from resihp.runtime.exec.groups import _group_device_sets
 from resihp.runtime.exec.optim import clip_coefficient, learning_rate, owned_names
@@ -153,7 +154,7 @@ def test_config_keys(tmp_path):
     torch.tensor([5, 300, 0], dtype=torch.int32).numpy().astype("uint16").tofile(data)
     cfg = TrainConfig.from_dict({"data": {"path": str(data), "eos_id": 0}})
     with pytest.raises(ValueError, match="token id 300 .* vocabulary of 256"):
-        cfg.check_paths()
+        check_paths(cfg)
 
 
 def test_model_hf_directory_keys(tmp_path):
