@@ -64,7 +64,6 @@ from ..state.checkpoint import load_init, save_shard
 from ..state.snapshot import exchange, holders
 from ..state.transfer import holding_of, transfer
 from .abort import (
-    ABORT_HUNG_EXIT,
     ABORT_TIMEOUT_S,
     NCCL_TIMEOUT_S,
     AbortWatch,
@@ -78,6 +77,7 @@ from .board import PG_TIMEOUT_S, Board
 from .liveness import HeartbeatThread
 from .pids import watch
 from .protocol import (
+    ABORT_HUNG_EXIT,
     Abort,
     Done,
     Error,
