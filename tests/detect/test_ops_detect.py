@@ -2,6 +2,9 @@
 with its severity and onset, a heavier stage is imbalance and never a device fault, length jitter
 and long-document bursts alone report nothing, partial ranks and non-consecutive steps work."""
 
+import subprocess
+import sys
+
 import pytest
 from ops_traces import synth_ops, write_csv, write_meta
 
@@ -125,3 +128,12 @@ def test_to_dict_has_exactly_the_issue_keys(tmp_path):
 def test_config_rejects_a_nonpositive_imbalance():
     with pytest.raises(ValueError, match="ops.imbalance = 0"):
         OpsDetectConfig(imbalance=0)
+
+
+def test_ops_modules_import_without_torch():
+    """The --ops-trace reader and analysis load neither torch nor pyarrow (pyarrow only for .parquet)."""
+    code = (
+        "import sys, resihp.detect.ops_detect, resihp.detect.ops_trace, resihp.detect.ops_meta; "
+        "assert 'torch' not in sys.modules and 'pyarrow' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
