@@ -131,8 +131,9 @@ def _ops_trace(args) -> int:
     check_input(args.ops_trace, "--ops-trace")
     report = analyse_ops(read_ops_trace(args.ops_trace, read_meta(args.meta, "--meta"), "--ops-trace"))
     if report.unjudged:
-        _warn(f"{len(report.unjudged)} rank(s) with no peer doing the same work (no other replica, no "
-              f"TP peer in the trace) not judged: {', '.join(map(str, report.unjudged))}")  # fmt: skip
+        names = ", ".join(map(str, report.unjudged))
+        _warn(f"{len(report.unjudged)} rank(s) not judged: no peer doing the same work at the same "
+              f"steps in the trace (other replica or TP peer): {names}")  # fmt: skip
     out = report.to_dict()
     if args.json_out != "-":
         print(f"{args.ops_trace}: {out['ranks']} ranks, {out['steps']} steps")

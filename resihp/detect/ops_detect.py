@@ -26,9 +26,10 @@ that step (needs >= 2 stages; with 2, their mean). A stage whose median ratio ov
 Limits: when the trace's compute rows include the TP collectives inside the layers (Megatron's
 do), a slow device drags its TP peers to its pace, and every rank of that TP group present in the
 trace is reported; which one is the culprit is not visible in compute time. A rank with no peer
-(DP 1 and alone in its stage) cannot be judged (`unjudged`). With DP 1 and a whole TP group
-slowed, the group has no peer either: the slowdown shows as stage imbalance (if it covers most
-steps) or not at all.
+(DP 1 and alone in its stage) cannot be judged (`unjudged`). With PP 1 a replica has no other
+stage to measure its workload on, so length jitter between replicas is not cancelled. With DP 1
+and a whole TP group slowed, the group has no peer either: the slowdown shows as stage imbalance
+(if it covers most steps) or not at all.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class OpsReport:
     steps: int  # distinct steps with compute rows
     fail_slow: list[dict]  # {"rank", "stage", "dp_rank", "speed", "first_step"}, by rank then step
     stage_imbalance: list[dict]  # {"stage", "ratio"}, by stage
-    unjudged: list[int]  # ranks with no peer doing the same work
+    unjudged: list[int]  # ranks with no peer doing the same work at any of their steps
 
     def to_dict(self) -> dict:
         keys = ("ranks", "steps", "fail_slow", "stage_imbalance")

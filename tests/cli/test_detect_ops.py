@@ -78,3 +78,12 @@ def test_parquet_without_pyarrow_from_the_real_command(files):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "reading Parquet needs pyarrow" in proc.stderr
+
+
+def test_ranks_without_peers_are_named_in_a_warning(tmp_path, capsys):
+    """DP 1 with one rank per stage: exit 0, one warning naming the unjudged ranks."""
+    rows = synth_ops(dp=1, tp=2, steps=range(12), keep=lambda r: r % 2 == 0)
+    trace, meta = write_csv(rows, tmp_path / "t.csv"), write_meta(tmp_path / "m.toml", dp=1)
+    assert main(["detect", "--ops-trace", trace, "--meta", meta]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "4 rank(s) not judged" in err and ": 0, 2, 4, 6" in err
