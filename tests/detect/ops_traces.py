@@ -15,6 +15,17 @@ import random
 
 COLUMNS = ("rank", "dp_rank", "stage", "step", "optype", "start_ts", "duration", "mb_id", "mc", "gmc")
 COMM = ("forward-send", "forward-recv", "backward-send", "backward-recv")
+# The shape of the public sample traces of "Understanding Stragglers in Large Model Training Using
+# What-if Analysis" (github.com/ByteDance-Seed/StragglerAnalysis, data/): the 44 step numbers of its
+# result files (four clusters), its meta files' keys and layout (DP 4 x PP 4 x TP 4, world 64), and
+# 16 ranks as in issue 16's example output, taken to be one rank per TP group. Only the shape: the
+# rows are generated here.
+SAMPLE_STEPS = (16, 21, 27, 29, 34, 35, 39, 404, 408, 413, 414, 415, 416, 419, 420, 421, 422, 423, 431,
+                435, 439, 802, 809, 810, 811, 813, 818, 821, 825, 826, 831, 836, 837, 1204, 1205, 1211,
+                1215, 1216, 1218, 1219, 1222, 1231, 1237, 1238)  # fmt: skip
+SAMPLE_META = (
+    "trial_name: X\nrun_id: 0\ndp_size: 4\ndsp_size: 1\npp_size: 4\ntp_size: 4\nvpp_size: 1\nworld_size: 64\n"
+)
 
 
 def synth_ops(dp=2, pp=4, tp=2, steps=range(44), mbs=4, stage_s=None, slow=None, jitter=0.08,

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from ops_traces import synth_ops, write_csv, write_meta
+from ops_traces import SAMPLE_META, SAMPLE_STEPS, synth_ops, write_csv, write_meta
 
 from resihp.detect.ops_detect import OpsDetectConfig, analyse_ops
 from resihp.detect.ops_meta import read_meta
@@ -106,6 +106,29 @@ def test_partial_ranks_and_non_consecutive_steps(tmp_path):
     assert [(e["rank"], e["stage"], e["dp_rank"]) for e in rep.fail_slow] == [(8, 1, 0)]
     assert abs(rep.fail_slow[0]["first_step"] - 40) <= 2
     assert rep.fail_slow[0]["speed"] == pytest.approx(0.5, rel=0.10)
+
+
+@pytest.mark.parametrize(
+    "case, kw",
+    [
+        ("worker", {"slow": (1, 0.41, 0)}),  # rank 1 (not recorded) slow throughout, drags rank 0
+        ("stage", {"stage_s": [0.1, 0.1, 0.1, 0.16]}),
+        ("lengths", {"jitter": 0.3, "bursts": [(2, 404, 100, 1.5)]}),
+    ],
+)
+def test_traces_shaped_like_the_public_samples(tmp_path, case, kw):
+    """The public samples' shape (SAMPLE_STEPS, one rank per TP group, their meta keys) with a slow
+    worker, a heavy last stage, or sequence-length imbalance: each is told apart."""
+    (tmp_path / "meta.yaml").write_text(SAMPLE_META)
+    meta = read_meta(str(tmp_path / "meta.yaml"))
+    rows = synth_ops(dp=4, pp=4, tp=4, steps=SAMPLE_STEPS, mbs=8, keep=lambda r: r % 4 == 0, **kw)
+    rep = analyse_ops(read_ops_trace(write_csv(rows, tmp_path / "t.csv"), meta))
+    assert (rep.ranks, rep.steps) == (16, 44)
+    slow = [(e["rank"], e["stage"], e["dp_rank"], e["first_step"]) for e in rep.fail_slow]
+    assert slow == ([(0, 0, 0, 16)] if case == "worker" else [])
+    assert [e["stage"] for e in rep.stage_imbalance] == ([3] if case == "stage" else [])
+    if case == "worker":
+        assert rep.fail_slow[0]["speed"] == pytest.approx(0.41, rel=0.10)
 
 
 def test_dp1_uses_tp_peers_and_lone_ranks_are_unjudged(tmp_path):
