@@ -4,8 +4,9 @@ downloaded). Imported by module name (`tests/detect/conftest.py` puts this folde
 Ranks are numbered as Megatron does (TP fastest, then DP, then PP): rank = tp_rank + tp·(dp_rank +
 dp·stage). Per step and replica each micro-batch draws a workload factor (lognormal, `jitter`),
 shared by every stage of that replica — the documents flow through the whole pipeline, and other
-replicas get other documents; each rank adds 1% noise. A TP group's compute lasts as long as its
-slowest member (`tp_drag`, the TP collectives inside the layers), or each rank its own.
+replicas get other documents; each rank adds its own noise (1% by default). A TP group's compute
+lasts as long as its slowest member (`tp_drag`, the TP collectives inside the layers), or each
+rank its own.
 """
 
 from __future__ import annotations
@@ -29,12 +30,13 @@ SAMPLE_META = (
 
 
 def synth_ops(dp=2, pp=4, tp=2, steps=range(44), mbs=4, stage_s=None, slow=None, jitter=0.08,
-              bursts=(), tp_drag=True, keep=None, seed=0) -> list[dict]:  # fmt: skip
+              bursts=(), tp_drag=True, keep=None, noise=0.01, seed=0) -> list[dict]:  # fmt: skip
     """Rows of a trace. `stage_s`: forward seconds per micro-batch per stage (default 0.1 each);
     `slow`: (rank, speed, from_step[, to_step]) — that rank computes at `speed` from `from_step`
     on (until before `to_step`);
     `bursts`: (replica, first_step, steps, factor) — long documents: that replica's work × factor
-    for those steps, in every stage; `keep`: a predicate on rank (default all)."""
+    for those steps, in every stage; `keep`: a predicate on rank (default all); `noise`: each
+    rank's own lognormal noise per operation."""
     rng = random.Random(seed)
     stage_s = stage_s or [0.1] * pp
     end = slow[3] if slow and len(slow) > 3 else float("inf")
@@ -51,7 +53,7 @@ def synth_ops(dp=2, pp=4, tp=2, steps=range(44), mbs=4, stage_s=None, slow=None,
                         own = {}
                         for r in group:
                             speed = slow[1] if slow and r == slow[0] and slow[2] <= t < end else 1.0
-                            own[r] = stage_s[s] * mult * w * rng.lognormvariate(0.0, 0.01) / speed
+                            own[r] = stage_s[s] * mult * w * rng.lognormvariate(0.0, noise) / speed
                         for r in group:
                             dur = max(own.values()) if tp_drag else own[r]
                             start = clock.get(r, 0.0)

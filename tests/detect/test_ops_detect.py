@@ -89,6 +89,17 @@ def test_length_jitter_and_bursts_alone_report_nothing(tmp_path, seed):
     assert rep.fail_slow == [] and rep.stage_imbalance == []
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_noisy_ranks(tmp_path, seed):
+    """10% noise of each rank's own on every operation, 20% length jitter: a healthy trace reports
+    no device, and a device at 0.7 from step 20 is the only one named, within 10% and 1 step."""
+    assert analyse(tmp_path, noise=0.1, jitter=0.2, seed=seed).fail_slow == []
+    rep = analyse(tmp_path, noise=0.1, jitter=0.2, seed=seed, slow=(9, 0.7, 20), tp_drag=False)
+    assert [e["rank"] for e in rep.fail_slow] == [9]
+    assert rep.fail_slow[0]["speed"] == pytest.approx(0.7, rel=0.10)
+    assert abs(rep.fail_slow[0]["first_step"] - 20) <= 1
+
+
 def test_bursts_do_not_hide_a_slow_device(tmp_path):
     """The same bursts with a device slowed to 0.7 from step 22: only that device is named."""
     bursts = [(0, 14, 6, 1.6), (1, 30, 8, 1.4)]
