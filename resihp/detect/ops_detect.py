@@ -11,7 +11,8 @@ which see the same documents, so a burst of long documents cancels while a slow 
 stage only, stays visible). With no other replica in the trace the reference is the median of the
 other ranks of its stage and replica (its TP peers: same work). Its relative time (own ÷
 reference) goes through the detect package's change-point stage (`ChangePointStage`: BOCPD, mean
-shift, persistence; restarted at each confirmed change), whose changes, either way, cut the
+shift, persistence; restarted at each confirmed change; then each segment backwards in time, for
+changes too close to the start or to the previous change), whose changes, either way, cut the
 rank's steps into segments. Each segment is judged by the `Localizer` rule (speed = median of
 reference ÷ own time; slow when below 1 − threshold with >= min_samples steps). Consecutive slow
 segments form one episode, reported with `first_step` = its first step (the change point, or the
@@ -115,23 +116,39 @@ def _localizer(rank: int, own: np.ndarray, ref: np.ndarray, config: LocalizeConf
     return loc
 
 
-def _change_points(steps: np.ndarray, x: np.ndarray, config: DetectorConfig) -> list[int]:
+def _forward_cuts(steps: np.ndarray, x: np.ndarray, config: DetectorConfig) -> list[int]:
     """Indices where a confirmed change (either way) starts a new level of `x` over `steps`.
 
     After each change the stage restarts from the change point, so that the next change is judged
     against the new level alone (a recovery compared with a window that still reaches back before
-    the slowdown would look like no change)."""
+    the slowdown would look like no change). A restart needs `min_before` points of the new level
+    before it can confirm the next change."""
     cuts: list[int] = []
-    start, k = 0, 0
+    k = 0
     cp = ChangePointStage(config)
     while k < steps.size:
         det = cp.push(int(steps[k]), float(x[k]))
         k += 1
         if det is not None:
-            start = int(np.searchsorted(steps, det.change_iteration))
-            cuts.append(start)
-            cp, k = ChangePointStage(config), start
+            k = int(np.searchsorted(steps, det.change_iteration))
+            cuts.append(k)
+            cp = ChangePointStage(config)
     return cuts
+
+
+def _change_points(steps: np.ndarray, x: np.ndarray, config: DetectorConfig) -> list[int]:
+    """`_forward_cuts`, then each segment between them once more backwards in time: a change
+    within `min_before` points after the trace's start or after a previous change (a slowdown in
+    the first steps, a short slow episode's recovery) has too little history before it, but
+    enough after it."""
+    fwd = _forward_cuts(steps, x, config)
+    cuts = set(fwd)
+    bounds = [0, *fwd, steps.size]
+    for lo, hi in zip(bounds, bounds[1:]):
+        # A change starting at reversed index r ends the earlier level at forward index hi - 1 - r.
+        back = _forward_cuts(-steps[lo:hi][::-1], x[lo:hi][::-1], config)
+        cuts.update(hi - r for r in back)
+    return sorted(cuts)
 
 
 def _episodes(rank: int, steps: np.ndarray, own: np.ndarray, ref: np.ndarray, config: OpsDetectConfig):

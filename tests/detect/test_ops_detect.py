@@ -56,6 +56,16 @@ def test_recovered_device_speed_is_that_of_its_slow_episode(tmp_path):
     assert rep.fail_slow[0]["speed"] == pytest.approx(0.5, rel=0.10)
 
 
+@pytest.mark.parametrize("slow, first", [((5, 0.5, 5), 5), ((5, 0.5, 20, 23), 20), ((5, 0.5, 38), 38)])
+def test_early_late_and_short_episodes(tmp_path, slow, first):
+    """A slowdown 5 steps into the trace (too little history for a forward change point), a
+    3-step episode (too short for the forward pass to see its end), one 6 steps before the end:
+    each found at its first step with the episode's speed."""
+    rep = analyse(tmp_path, slow=slow, tp_drag=False)
+    assert [(e["rank"], e["first_step"]) for e in rep.fail_slow] == [(5, first)]
+    assert rep.fail_slow[0]["speed"] == pytest.approx(0.5, rel=0.10)
+
+
 def test_heavy_last_stage_is_imbalance_not_fail_slow(tmp_path):
     """The last stage computes 1.6x the others in every replica: stage_imbalance names it, ratio
     ~1.6, and no device is blamed (its peers have the same extra work)."""
