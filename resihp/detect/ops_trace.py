@@ -32,6 +32,7 @@ REQUIRED_COLUMNS = ("rank", "dp_rank", "stage", "step", "optype", "start_ts", "d
 OPTIONAL_COLUMNS = ("mb_id", "seq_id", "mc", "gmc")
 COMPUTE_OPTYPES = ("forward-compute", "backward-compute")
 _INT_COLUMNS = ("rank", "dp_rank", "stage", "step")
+assert REQUIRED_COLUMNS == (*_INT_COLUMNS, "optype", "start_ts", "duration")  # read_ops_trace unpacks so
 _TRACE_SUFFIXES = (".csv", ".parquet")
 
 
@@ -72,13 +73,22 @@ def _as_float(v: object) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def _csv_rows(path: str, what: str) -> Iterator[tuple[str, dict]]:
+def _csv_rows(path: str, what: str) -> Iterator[tuple[int, tuple]]:
+    """(line number, the REQUIRED_COLUMNS values as text) per data row; a short row's missing
+    values are None, blank lines are skipped."""
     try:
         with open(path, encoding="utf-8-sig", newline="") as fh:
-            reader = csv.DictReader(fh)
-            _check_columns(reader.fieldnames or [], path, what)
+            reader = csv.reader(fh)
+            header = next(reader, [])
+            _check_columns(header, path, what)
+            at = [header.index(c) for c in REQUIRED_COLUMNS]
+            width = max(at) + 1
             for row in reader:
-                yield f"{what} {path}:{reader.line_num}", row
+                if not row:
+                    continue
+                if len(row) < width:
+                    row = row + [None] * (width - len(row))
+                yield reader.line_num, tuple(row[k] for k in at)
     except UnicodeDecodeError as exc:
         raise ValueError(
             f"{what} {path}: not UTF-8 text (byte {exc.start}); a CSV trace must be UTF-8"
@@ -87,7 +97,8 @@ def _csv_rows(path: str, what: str) -> Iterator[tuple[str, dict]]:
         raise ValueError(f"{what} {path}: not valid CSV ({exc})") from None
 
 
-def _parquet_rows(path: str, what: str) -> Iterator[tuple[str, dict]]:
+def _parquet_rows(path: str, what: str) -> Iterator[tuple[int, tuple]]:
+    """(row number from 0, the REQUIRED_COLUMNS values) per row; only those columns are read."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -96,14 +107,14 @@ def _parquet_rows(path: str, what: str) -> Iterator[tuple[str, dict]]:
             "install it (pip install pyarrow) or give the trace as CSV"
         ) from None
     try:
-        table = pq.read_table(path)
+        names = pq.read_schema(path).names
     except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ... for a file that is not Parquet
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
         raise ValueError(f"{what} {path}: not a readable Parquet file ({first})") from None
-    _check_columns(table.column_names, path, what)
-    cols = {name: table.column(name).to_pylist() for name in REQUIRED_COLUMNS}
-    for k in range(table.num_rows):
-        yield f"{what} {path} row {k}", {name: cols[name][k] for name in REQUIRED_COLUMNS}
+    _check_columns(names, path, what)
+    table = pq.read_table(path, columns=list(REQUIRED_COLUMNS))
+    cols = [table.column(name).to_pylist() for name in REQUIRED_COLUMNS]
+    yield from enumerate(zip(*cols))
 
 
 def _check_columns(names: list[str], path: str, what: str) -> None:
@@ -121,38 +132,38 @@ def read_ops_trace(path: str, meta: OpsMeta, what: str = "--ops-trace") -> OpsTr
     name = path.lower()
     if not name.endswith(_TRACE_SUFFIXES):
         raise ValueError(f"{what} {path}: unknown format; the name must end in {', '.join(_TRACE_SUFFIXES)}")
-    rows = _parquet_rows(path, what) if name.endswith(".parquet") else _csv_rows(path, what)
-    limits = {"rank": ("world_size", meta.world_size), "dp_rank": ("dp_size", meta.dp_size),
-              "stage": ("pp_size", meta.pp_size)}  # fmt: skip
+    parquet = name.endswith(".parquet")
+    rows = _parquet_rows(path, what) if parquet else _csv_rows(path, what)
+    where = (lambda n: f"{what} {path} row {n}") if parquet else (lambda n: f"{what} {path}:{n}")
+    limits = (meta.world_size, meta.dp_size, meta.pp_size, None)  # rank, dp_rank, stage, step
+    limit_keys = ("world_size", "dp_size", "pp_size", None)
     placement: dict[int, tuple[int, int]] = {}
     compute: dict[tuple[int, int], float] = {}
-    for where, row in rows:
-        if row["optype"] not in COMPUTE_OPTYPES:
+    for n, (*raw_ints, optype, start_ts, duration) in rows:
+        if optype not in COMPUTE_OPTYPES:
             continue
-        ints = {}
-        for col in _INT_COLUMNS:
-            v = _as_int(row[col])
-            if v is None or v < 0:
-                raise ValueError(f"{where}: column {col!r} = {row[col]!r}: must be an integer >= 0")
-            if col in limits and v >= limits[col][1]:
-                key, n = limits[col]
-                raise ValueError(f"{where}: column {col!r} = {v}: must be < {key} = {n} (--meta)")
-            ints[col] = v
-        for col in ("start_ts", "duration"):
-            v = _as_float(row[col])
-            if v is None or (col == "duration" and v < 0):
-                allowed = "a number >= 0 (seconds)" if col == "duration" else "a finite number (seconds)"
-                raise ValueError(f"{where}: column {col!r} = {row[col]!r}: must be {allowed}")
-            if col == "duration":
-                duration = v
-        rank, place = ints["rank"], (ints["dp_rank"], ints["stage"])
-        if placement.setdefault(rank, place) != place:
+        ints = []
+        for col, v, lim, key in zip(_INT_COLUMNS, raw_ints, limits, limit_keys):
+            k = _as_int(v)
+            if k is None or k < 0:
+                raise ValueError(f"{where(n)}: column {col!r} = {v!r}: must be an integer >= 0")
+            if lim is not None and k >= lim:
+                raise ValueError(f"{where(n)}: column {col!r} = {k}: must be < {key} = {lim} (--meta)")
+            ints.append(k)
+        if _as_float(start_ts) is None:
             raise ValueError(
-                f"{where}: rank {rank} at (dp_rank, stage) = {place}, earlier {placement[rank]}: "
-                "a rank must keep one dp_rank and stage"
+                f"{where(n)}: column 'start_ts' = {start_ts!r}: must be a finite number (seconds)"
             )
-        key = (rank, ints["step"])
-        compute[key] = compute.get(key, 0.0) + duration
+        seconds = _as_float(duration)
+        if seconds is None or seconds < 0:
+            raise ValueError(f"{where(n)}: column 'duration' = {duration!r}: must be a number >= 0 (seconds)")
+        rank, dp_rank, stage, step = ints
+        if placement.setdefault(rank, (dp_rank, stage)) != (dp_rank, stage):
+            raise ValueError(
+                f"{where(n)}: rank {rank} at (dp_rank, stage) = {(dp_rank, stage)}, earlier "
+                f"{placement[rank]}: a rank must keep one dp_rank and stage"
+            )
+        compute[(rank, step)] = compute.get((rank, step), 0.0) + seconds
     if not compute:
         raise ValueError(f"{what} {path}: no {' or '.join(COMPUTE_OPTYPES)} rows; nothing to analyse")
     return OpsTrace(placement, compute, meta)

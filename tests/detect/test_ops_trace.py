@@ -56,6 +56,7 @@ def test_integral_floats_count_as_integers(tmp_path):
         ("0,0,0,1.5,forward-compute,0,1\n", "column 'step' = '1.5': must be an integer >= 0"),
         ("0,0,0,1,backward-compute,0,-2\n", "column 'duration' = '-2': must be a number >= 0"),
         ("0,0,0,1,forward-compute,nan,1\n", "column 'start_ts' = 'nan': must be a finite number"),
+        ("0,0,0,1,forward-compute,0\n", ":2: column 'duration' = None: must be a number >= 0"),
         ("16,0,0,1,forward-compute,0,1\n", "column 'rank' = 16: must be < world_size = 16 (--meta)"),
         ("0,2,0,1,forward-compute,0,1\n", "column 'dp_rank' = 2: must be < dp_size = 2 (--meta)"),
         ("0,0,4,1,forward-compute,0,1\n", "column 'stage' = 4: must be < pp_size = 4 (--meta)"),
