@@ -104,7 +104,7 @@ def _parquet_rows(path: str, what: str) -> Iterator[tuple[int, tuple]]:
     except ImportError:
         raise ValueError(
             f"{what} {path}: reading Parquet needs pyarrow, which is not installed; "
-            "install it (pip install pyarrow) or give the trace as CSV"
+            "install it (the `parquet` extra: pip install pyarrow) or give the trace as CSV"
         ) from None
     try:
         names = pq.read_schema(path).names
