@@ -1,5 +1,7 @@
 """`resihp detect`: run the fail-slow detectors on a synthesized scenario, a runtime trace, or the
-paper's accuracy protocol (`bench`), side by side with the Greyhound-style baseline (architecture §5.4).
+paper's accuracy protocol (`bench`), side by side with the Greyhound-style baseline (architecture §5.4);
+or, with `--ops-trace FILE --meta META`, ours on a per-operation trace of another training system
+(`resihp.detect.ops_detect`).
 
 Exit status: 0 on success, 2 on a user error (bad file, bad option; one line on stderr).
 """
@@ -18,11 +20,18 @@ BENCH_DEFAULTS = {"jobs": 400, "seed": 8}  # seed 8: the reported run (docs/dete
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "detect",
-        help="fail-slow detection: --scenario FILE, --trace FILE.jsonl, or 'bench' (accuracy protocol)",
+        help="fail-slow detection: --scenario FILE, --trace FILE.jsonl, --ops-trace FILE --meta META, "
+        "or 'bench' (accuracy protocol)",
     )
     p.add_argument("action", nargs="?", choices=["bench"], help="bench: the paper's accuracy protocol")
     p.add_argument("--scenario", help="scenario TOML to synthesize (or --trace's workload)")
     p.add_argument("--trace", help="runtime trace, JSON lines (docs/trace-format.md)")
+    p.add_argument(
+        "--ops-trace", help="per-operation trace of another system, .csv or .parquet (docs/detector.md)"
+    )
+    p.add_argument(
+        "--meta", help="--ops-trace's layout: dp_size, pp_size, tp_size, world_size (.yaml or .toml)"
+    )
     p.add_argument("--schedule", default=None, help="schedule of --trace (default: scenario's, else 1f1b)")
     p.add_argument("--warmup", type=int, default=10, help="iterations per Plan generation to fit the MTP")
     p.add_argument(
@@ -53,6 +62,8 @@ def _progress(msg: str) -> None:
 
 def run(args) -> int:
     check_outputs({"--json": args.json_out}, stdout=("--json",))
+    if args.ops_trace or args.meta:
+        return _ops_trace(args)
     if args.action == "bench":
         if args.scenario or args.trace:
             raise ValueError("detect bench: takes no --scenario or --trace")
@@ -106,6 +117,36 @@ def _replay_trace(args, scenario, watch) -> dict:
 
     out = replay(samples, plans, batch, warmup=args.warmup, watch=watch)
     return {"trace": args.trace, "iterations": len(samples), "generations": sorted(plans), **out}
+
+
+def _ops_trace(args) -> int:
+    from resihp.detect.ops_detect import analyse_ops
+    from resihp.detect.ops_meta import read_meta
+    from resihp.detect.ops_trace import read_ops_trace
+
+    if args.action or args.scenario or args.trace or args.watch:
+        raise ValueError("detect --ops-trace: takes no 'bench', --scenario, --trace or --watch")
+    if not (args.ops_trace and args.meta):
+        raise ValueError("detect: --ops-trace FILE and --meta META go together; give both")
+    check_input(args.ops_trace, "--ops-trace")
+    report = analyse_ops(read_ops_trace(args.ops_trace, read_meta(args.meta, "--meta"), "--ops-trace"))
+    if report.unjudged:
+        names = ", ".join(map(str, report.unjudged))
+        _warn(f"{len(report.unjudged)} rank(s) not judged: no peer doing the same work at the same "
+              f"steps in the trace (other replica or TP peer): {names}")  # fmt: skip
+    out = report.to_dict()
+    if args.json_out != "-":
+        print(f"{args.ops_trace}: {out['ranks']} ranks, {out['steps']} steps")
+        keys = ["rank", "stage", "dp_rank", "speed", "first_step"]
+        slow = [[e[k] for k in keys] for e in out["fail_slow"]]
+        print("fail-slow (speed = its peers' compute time / its own):")
+        print(table(slow, keys) if slow else "  none")
+        heavy = [[e["stage"], e["ratio"]] for e in out["stage_imbalance"]]
+        print("stage imbalance (ratio = stage's compute time / the median stage's, every replica):")
+        print(table(heavy, ["stage", "ratio"]) if heavy else "  none")
+    if args.json_out:
+        write_json(out, args.json_out)
+    return 0
 
 
 def _parse_watch(text: str | None) -> tuple[float, int] | None:
