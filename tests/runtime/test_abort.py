@@ -92,8 +92,8 @@ def test_the_controller_has_a_member_whose_abort_hung_rejoin():
     config = TrainConfig(tp=1, pp=2, dp=2, workers=4, seq_len=32, iterations=6)
     plan = Plan.uniform(model_preset("tiny"), 1, 2, 2, 2)
     c = Controller(
-        plan, config.job_spec(plan), faults=(), replans=(), on_commit=None, on_event=None, detect_slow=False, policy=None,
-        heartbeat_timeout_s=3.0, start_timeout_s=60.0, devices_per_node=None,
+        plan, config.job_spec(plan), faults=(), replans=(), on_commit=None, on_event=None, detect_slow=False,
+        policy=None, heartbeat_timeout_s=3.0, start_timeout_s=60.0, devices_per_node=None,
     )  # fmt: skip
     try:
         c.joined_devs[0] = set(plan.devices())
