@@ -61,7 +61,7 @@ from ..exec.iteration import Hooks
 from ..exec.worker import Worker
 from ..faults import faults_at, join_stop
 from ..state.checkpoint import load_init, save_shard
-from ..state.snapshot import exchange, holders
+from ..state.snapshot import exchange
 from ..state.transfer import holding_of, transfer
 from .abort import (
     ABORT_TIMEOUT_S,
@@ -214,10 +214,14 @@ def _run(
                 fail_now(stop, device, it, results, heart)
             t1 = time.perf_counter()
             steps = it if job.resume else it - job.start_iteration  # committed optimizer steps
+            received, planned = 0, None
             if source is not None:
                 holding, old_snaps = held.get(source[0], (None, {}))
-                hold = holders(source[1]) if job.snapshots else None
-                init = transfer(source[1], holding, plan, device, ranks, steps, old_snaps, hold, dev)
+                node = (lambda d: d // job.devices_per_node) if job.devices_per_node else None
+                init, received, moved = transfer(
+                    source[1], holding, plan, device, ranks, steps, old_snaps, dev, node
+                )
+                planned = moved.figures()
             elif job.resume:  # a whole-job restart: state from the checkpoint
                 init = load_init(job.resume, plan, device)
             t2 = time.perf_counter()
@@ -241,7 +245,9 @@ def _run(
             gen = board.generation(g + 1)
             continue
         init = None
-        results.send(Joined(device, g, teardown_s, t1 - t0, t2 - t1, time.perf_counter() - t2))
+        results.send(
+            Joined(device, g, teardown_s, t1 - t0, t2 - t1, time.perf_counter() - t2, received, planned)
+        )
         at = guard.at if nccl else None
         leave = "standby" if worker is None else _iterate(worker, commits, it, end, ranks, snaps, at)
         if nccl:
