@@ -125,12 +125,13 @@ class _Copies:
     per distinct range, `holders` its (sender, source) pairs. Layers held by the same stages are
     sliced alike, so the entries are computed once per tensor kind and stage combination."""
 
-    def __init__(self, old: Plan, alive: set[int], snapshots: dict[int, int]) -> None:
-        self.old, self.alive, self.snapshots = old, alive, snapshots
+    def __init__(self, old: Plan, alive: set[int], snapshots: dict[int, int], node=None) -> None:
+        self.old, self.alive, self.snapshots, self.node = old, alive, snapshots, node
         self.stage_at = [
             [i for i, st in enumerate(stages) for _ in range(st.num_layers)] for stages in old.replicas
         ]
         self.cache: dict[tuple, list[tuple[int, int, list[tuple[int, int]]]]] = {}
+        self.nodes: dict[tuple, dict[int, list[tuple[int, int, int, int]]]] = {}
 
     def of(self, name: str) -> list[tuple[int, int, list[tuple[int, int]]]]:
         spec = self.old.model
@@ -146,6 +147,17 @@ class _Copies:
                         groups.setdefault(interval(spec, name, st, r), []).append((holder, dev))
             self.cache[key] = [(a, b, h) for (a, b), h in sorted(groups.items())]
         return self.cache[key]
+
+    def on_node(self, name: str, node: int) -> list[tuple[int, int, int, int]]:
+        """The copies of `name` whose sender is on `node`: [(a, b, sender, source)]."""
+        key = (_key(name), tuple(at[_layer_of(self.old.model, name)] for at in self.stage_at))
+        if key not in self.nodes:
+            by: dict[int, list[tuple[int, int, int, int]]] = {}
+            for a, b, hs in self.of(name):
+                for s, src in hs:
+                    by.setdefault(self.node(s), []).append((a, b, s, src))
+            self.nodes[key] = by
+        return self.nodes[key].get(node, [])
 
 
 def positions(plan: Plan) -> dict[int, tuple[Stage, int]]:
@@ -187,7 +199,7 @@ def plan_transfer(
     alive = set(alive)
     snaps = dict(snapshots or {})
     node = node_of or (lambda d: d)
-    copies = _Copies(old, alive, snaps)
+    copies = _Copies(old, alive, snaps, node)
     load: dict[int, int] = {}
     pieces: list[Piece] = []
     received: dict[int, int] = {}
@@ -203,9 +215,10 @@ def plan_transfer(
             need = interval(spec, name, st, r)
             row = extent(spec, name)[2] * ELEMENT_BYTES * kinds
             cands = copies.of(name)
-            own = [(a, b) for a, b, hs in cands if any(s == dev for s, _ in hs)]
-            lower += _uncovered(need, own) * row
-            got = _cover(name, need, cands, dev, node, load, row)
+            near = copies.on_node(name, node(dev))
+            own = [c for c in near if c[2] == dev]
+            lower += _uncovered(need, [(a, b) for a, b, _, _ in own]) * row
+            got = _cover(name, need, cands, own, near, dev, load, row)
             for lo, hi, s, src in got:
                 nbytes = (hi - lo) * row
                 pieces.append(Piece(dev, name, lo, hi, s, src, nbytes))
@@ -214,21 +227,21 @@ def plan_transfer(
     return TransferPlan(tuple(pieces), kinds, lower, received)
 
 
-def _cover(name, need, cands, dev, node, load, row) -> list[tuple[int, int, int, int]]:
-    """`need` cut at every copy boundary, each part from the closest, least loaded copy, adjacent
-    parts of one copy merged: [(lo, hi, sender, source)]."""
+def _cover(name, need, cands, own, near, dev, load, row) -> list[tuple[int, int, int, int]]:
+    """`need` cut at every copy boundary, each part from the closest, least loaded copy (`own`:
+    the receiver's copies, `near`: those on its node), adjacent parts of one copy merged:
+    [(lo, hi, sender, source)]."""
     lo, hi = need
     cuts = sorted({lo, hi} | {x for a, b, _ in cands for x in (a, b) if lo < x < hi})
-    here = node(dev)
     out: list[list[int]] = []
     for x, y in zip(cuts, cuts[1:]):
-        inside = [h for a, b, hs in cands if a <= x and y <= b for h in hs]
-        if not inside:
-            raise ValueError(f"no live copy of {name} rows [{x}, {y}): every device holding them is lost")
-        best = next(((s, src) for s, src in inside if s == dev), None)  # its own copy
+        best = next(((s, src) for a, b, s, src in own if a <= x and y <= b), None)
         if best is None:
-            near = [h for h in inside if node(h[0]) == here] or inside
-            _, s, src = min((load.get(s, 0), s, src) for s, src in near)
+            close = [(s, src) for a, b, s, src in near if a <= x and y <= b]
+            close = close or [h for a, b, hs in cands if a <= x and y <= b for h in hs]
+            if not close:
+                raise ValueError(f"no live copy of {name} rows [{x}, {y}): every device holding them is lost")
+            _, s, src = min((load.get(s, 0), s, src) for s, src in close)
             best = (s, src)
             load[s] = load.get(s, 0) + (y - x) * row
         if out and out[-1][1] == x and out[-1][2:] == list(best):

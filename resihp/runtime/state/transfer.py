@@ -49,6 +49,7 @@ class Holding:
 
     params: dict[str, torch.Tensor]
     moments: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None  # None before any step
+    at: int | None = None  # a snapshot's tag: the iteration it is the committed state before
 
 
 @dataclass
@@ -62,13 +63,16 @@ class StageInit:
     sharded: bool = False  # the tensors are already this device's shards (`transfer`), not full
 
 
-def holding_of(worker) -> Holding:
-    """Copy a `Worker`'s parameters and AdamW moments (drops every reference to its groups)."""
-    params = {n: p.detach().clone() for n, p in worker.named.items()}
+def holding_of(worker, copy: bool = True) -> Holding:
+    """A `Worker`'s parameters and AdamW moments (no reference to its groups): copies, or with
+    `copy=False` its own tensors — for a worker about to be dropped, or a reader done with them
+    before the next step changes them in place."""
+    take = (lambda t: t.detach().clone()) if copy else (lambda t: t.detach())
+    params = {n: take(p) for n, p in worker.named.items()}
     states = [worker.opt.state.get(p) for p in worker.named.values()]
     if not all(states):
         return Holding(params, None)
-    moments = tuple({n: s[k].detach().clone() for n, s in zip(worker.named, states)} for k in MOMENTS)
+    moments = tuple({n: take(s[k]) for n, s in zip(worker.named, states)} for k in MOMENTS)
     return Holding(params, moments)
 
 
@@ -103,15 +107,17 @@ def source_stages(plan: Plan, members: set[int], holders: dict[int, int] | None 
     return out
 
 
-def inventory(old: Plan, device: int, holding, snaps: dict, ranks: dict[int, int], dev=None):
+def inventory(old: Plan, device: int, holding, snaps: dict, ranks: dict[int, int], at: int, dev=None):
     """Collective over the new world: (the members holding their own shard of `old`, lost device
-    -> the member keeping its snapshot). Every member learns the same, so all plan alike."""
+    -> the member keeping its snapshot tagged `at`, the iteration the new generation starts at).
+    Every member learns the same, so all plan alike."""
     n = 1 + max([*old.devices(), *ranks])
     mine = torch.zeros(n, dtype=torch.int64, device=dev)
     if holding is not None:
         mine[device] = 1
-    for src in snaps:
-        mine[src] = 1
+    for src, snap in snaps.items():
+        if snap.at == at:
+            mine[src] = 1
     rows = [torch.empty_like(mine) for _ in ranks]
     dist.all_gather(rows, mine)
     by_rank = {r: d for d, r in ranks.items()}
@@ -143,23 +149,26 @@ def transfer(
     snaps: dict[int, Holding] | None = None,
     dev: torch.device | None = None,
     node_of=None,
+    at: int | None = None,
 ) -> tuple[StageInit | None, int, TransferPlan]:
     """Collective over the new world (every member calls it): this device's new stage's shards on
     `dev` (default: the CPU; None for a standby device), the bytes it received, and the plan.
 
     `holding` is this device's state under `old` (None when it held nothing); `steps` the number
     of committed optimizer steps (0: no moments exist yet); `snaps` the snapshots it keeps
-    (`snapshot.py`); `node_of(device)`: a device's node (default: one node).
+    (`snapshot.py`), of which those tagged `at` (the iteration the new generation starts at) count;
+    `node_of(device)`: a device's node (default: one node).
     """
     assert ELEMENT_BYTES == 4  # float32 buffers
     spec, snaps = old.model, snaps or {}
     kinds = KINDS if steps > 0 else 1
-    alive, copies = inventory(old, device, holding, snaps, ranks, dev)
+    alive, copies = inventory(old, device, holding, snaps, ranks, at, dev)
     plan = plan_transfer(old, new, alive, copies, node_of or (lambda d: 0), kinds)
     old_at = positions(old)
 
-    def source(piece):
-        return _views(spec, old_at, piece, holding if piece.source == device else snaps[piece.source], kinds)
+    def source(piece):  # (a snapshot lives on the host)
+        held = holding if piece.source == device else snaps[piece.source]
+        return [v.to(dev) if dev is not None else v for v in _views(spec, old_at, piece, held, kinds)]
 
     sends: dict[int, list] = {}
     recvs: dict[int, list] = {}
