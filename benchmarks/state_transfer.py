@@ -143,8 +143,9 @@ def runtime_rows() -> list[dict]:
     return rows
 
 
-def gib(b: int) -> str:
-    return f"{b / 2**30:10.3f}"
+def gib(b: int, tiny: bool) -> str:
+    """GiB at scale; bytes (KiB) for the tiny runtime."""
+    return f"{b / 2**10:8.1f} KiB" if tiny else f"{b / 2**30:8.2f} GiB"
 
 
 def main() -> None:
@@ -153,13 +154,17 @@ def main() -> None:
     ap.add_argument("--json", help="write the rows as JSON")
     args = ap.parse_args()
     rows = planner_rows() + (runtime_rows() if args.runtime else [])
-    print(f"{'model':>13} {'gpus':>6} {'kind':>22} {'before GiB':>10} {'moved GiB':>10} {'bound GiB':>10} "
-          f"{'max recv GiB':>12} {'planner s':>9}  measured")  # fmt: skip
+    print(f"{'model':>13} {'gpus':>6} {'kind':>26} {'before':>12} {'moved':>12} {'lower bound':>12} "
+          f"{'max received':>12} {'planner s':>9}  measured moved / max received")  # fmt: skip
     for r in rows:
-        meas = f"{r['measured_bytes_moved']} B" if "measured_bytes_moved" in r else ""
-        head = f"{r['model']:>13} {r['gpus']:>6} {r['kind']:>22} {gib(r['before_bytes'])}"
-        moved = f"{gib(r['bytes_moved'])} {gib(r['lower_bound_bytes'])} {gib(r['max_received_bytes']):>12}"
-        print(f"{head} {moved} {r.get('planner_s', ''):>9}  {meas}")
+        tiny = r["model"] == "tiny runtime"
+        meas = f"{r['measured_bytes_moved']} B / {r['measured_max_received_bytes']} B" if tiny else ""
+        cols = [
+            gib(r[k], tiny)
+            for k in ("before_bytes", "bytes_moved", "lower_bound_bytes", "max_received_bytes")
+        ]
+        head = f"{r['model']:>13} {r['gpus']:>6} {r['kind']:>26}"
+        print(f"{head} {' '.join(cols)} {r.get('planner_s', ''):>9}  {meas}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -132,11 +132,18 @@ class _Copies:
         ]
         self.cache: dict[tuple, list[tuple[int, int, list[tuple[int, int]]]]] = {}
         self.nodes: dict[tuple, dict[int, list[tuple[int, int, int, int]]]] = {}
+        self.keys: dict[str, tuple] = {}
+
+    def key(self, name: str) -> tuple:
+        """The tensor kind and the stage holding it in every replica: what its copies depend on."""
+        if name not in self.keys:
+            k = _layer_of(self.old.model, name)
+            self.keys[name] = (_key(name), tuple(at[k] for at in self.stage_at))
+        return self.keys[name]
 
     def of(self, name: str) -> list[tuple[int, int, list[tuple[int, int]]]]:
         spec = self.old.model
-        k = _layer_of(spec, name)
-        key = (_key(name), tuple(at[k] for at in self.stage_at))
+        key = self.key(name)
         if key not in self.cache:
             groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
             for stages, i in zip(self.old.replicas, key[1]):
@@ -150,7 +157,7 @@ class _Copies:
 
     def on_node(self, name: str, node: int) -> list[tuple[int, int, int, int]]:
         """The copies of `name` whose sender is on `node`: [(a, b, sender, source)]."""
-        key = (_key(name), tuple(at[_layer_of(self.old.model, name)] for at in self.stage_at))
+        key = self.key(name)
         if key not in self.nodes:
             by: dict[int, list[tuple[int, int, int, int]]] = {}
             for a, b, hs in self.of(name):
