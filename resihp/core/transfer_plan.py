@@ -146,12 +146,16 @@ class _Copies:
         key = self.key(name)
         if key not in self.cache:
             groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
+            rows: dict[tuple, tuple[int, int]] = {}  # (split, rank) -> rows: replicas mostly agree
             for stages, i in zip(self.old.replicas, key[1]):
                 st = stages[i]
                 for r, dev in enumerate(st.devices):
                     holder = dev if dev in self.alive else self.snapshots.get(dev)
                     if holder in self.alive:
-                        groups.setdefault(interval(spec, name, st, r), []).append((holder, dev))
+                        at = (st.tp_split, st.ffn_split, r)
+                        if at not in rows:
+                            rows[at] = interval(spec, name, st, r)
+                        groups.setdefault(rows[at], []).append((holder, dev))
             self.cache[key] = [(a, b, h) for (a, b), h in sorted(groups.items())]
         return self.cache[key]
 
