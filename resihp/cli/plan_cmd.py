@@ -6,6 +6,7 @@ import math
 
 from resihp.core.files import check_outputs
 from resihp.core.scenario import load_scenario
+from resihp.core.transfer_plan import plan_transfer
 from resihp.sim.job import fault_free_samples_per_s, plan_at
 from resihp.sim.pipeline import write_trace
 from resihp.sim.predict import predict
@@ -34,6 +35,18 @@ def plan_state(scenario, policy: str | None, at_s: float | None):
     check_policy(policy)
 
     return plan_at(scenario, policy, at_s)
+
+
+def transition(initial, plan, cluster) -> dict:
+    """The state transfer from the scenario's fault-free plan into `plan` when the devices dead in
+    `cluster` lost their shards (`core.transfer_plan`: bytes of parameters and both fp32 AdamW
+    moments); `lost` names a range no live device holds any more."""
+    alive = [d for d in initial.devices() if cluster.alive[d]]
+    try:
+        figures = plan_transfer(initial, plan, alive, node_of=cluster.node_of).figures()
+    except ValueError as e:
+        return {"from": "fault-free plan", "lost": str(e)}
+    return {"from": "fault-free plan", **figures}
 
 
 def run(args) -> int:
@@ -82,6 +95,7 @@ def run(args) -> int:
             "samples_per_s": round(pred.samples_per_s, 6),
             "capacity_bound_samples_per_s": round(bound, 6),
             "peak_memory_bytes": {str(k): round(v) for k, v in sorted(pred.peak_memory_bytes.items())},
+            "transfer": transition(job.initial_plan(), plan, cluster),
         }
         write_json(out, args.json_out)
     if args.trace:

@@ -15,12 +15,12 @@ committed nothing, and its predecessor's holdings are still the committed state.
 from __future__ import annotations
 
 from resihp.core.plan import Plan
+from resihp.core.transfer_plan import cover_gaps
 from resihp.sched.base import Policy
 from resihp.sched.context import PlanningContext
 
 from ..job import JobSpec, WorkerFailed
 from ..state.snapshot import holders
-from ..state.transfer import source_stages
 from .reconfig import replan_after_stop
 
 
@@ -41,32 +41,34 @@ def plan_after_stop(
     transfer from, None to start from the seed / checkpoint.
 
     `ctx` is what the `policy` plans for (`reconfig.planning_context`), `plans` every generation's,
-    `joined` generation -> members that completed its join. Every tensor must have a complete live
-    copy in the source state (`transfer.source_stages`); with `job.snapshots` a lost stage's
-    snapshot holders count (event `snapshot-restore`, handed to `emit`), else WorkerFailed
+    `joined` generation -> members that completed its join. Every tensor must be covered by the
+    live shards of the source state, across replicas and TP splits (`transfer_plan.cover_gaps`);
+    with `job.snapshots` the snapshots of lost devices count (event `snapshot-restore`, handed to
+    `emit`, when they are needed), else WorkerFailed
     (carrying `pids`) naming the layers no survivor holds; WorkerFailed too when no plan runs on the
     survivors (every replica lost a stage and the policy has no answer).
     """
     # the state survivors hold: of cur, or of an earlier generation when cur's rebuild failed
     src = source_generation([p.devices() for p in plans], joined, members)
     base = plans[0] if src is None else plans[src]
-    try:
-        if src is not None:  # (None: nothing joined yet, start from the seed / checkpoint)
-            source_stages(base, members)
-    except ValueError as e:  # a stage lost every replica: its snapshots, else WorkerFailed
-        if not job.snapshots:
+    if src is not None and cover_gaps(base, members):  # (None: start from the seed / checkpoint)
+        lost = sorted(d for d in base.devices() if d not in members)
+        hold = holders(base) if job.snapshots else {}
+        copies = {d: hold[d] for d in lost if hold.get(d) in members}
+        gaps = cover_gaps(base, members, copies)
+        if gaps:  # no complete cover, even with the snapshots
+            keep = (
+                ""
+                if job.snapshots
+                else " (run.snapshots = true keeps an in-memory copy of every stage on a peer)"
+            )
             raise WorkerFailed(
                 f"devices {dead} stopped at iteration {it} and took out every copy of "
-                f"{lost_layers(base, members) or e} (run.snapshots = true keeps an in-memory copy of "
-                "every stage on a peer)",
+                f"{lost_layers(base, members, copies) or gaps[0]}{keep}",
                 dead,
                 pids,
-            ) from None
-        hold = holders(base)
-        source_stages(base, members, hold)
-        lost = sorted(d for d in base.devices() if d not in members)
-        used = sorted({hold[d] for d in lost if d in hold})
-        emit({"iter": it, "kind": "snapshot-restore", "devices": used, "lost": lost})
+            )
+        emit({"iter": it, "kind": "snapshot-restore", "devices": sorted(set(copies.values())), "lost": lost})
     try:
         new, reason = replan_after_stop(ctx, base, members, policy, absorb=job.snapshots)
     except ValueError as e:  # no plan over the survivors (`shrink_plan`: every replica lost a stage)
@@ -88,19 +90,17 @@ def source_generation(
     return None
 
 
-def lost_layers(plan: Plan, members) -> str:
-    """The layers of `plan` that no stage whose every device is in `members` holds, as ranges:
-    "layers 2-3", "layers 0-1, 6" ("" when every layer has a live copy)."""
-    members = set(members)
-    live = {
-        k
-        for stages in plan.replicas
-        for st in stages
-        if not st.hollow and set(st.devices) <= members
-        for k in range(*st.layers)
-    }
+def lost_layers(plan: Plan, members, snapshots: dict[int, int] | None = None) -> str:
+    """The layers of `plan` some tensor of which the shards on `members` (and the `snapshots` of
+    lost devices: device -> holder) no longer cover, as ranges: "layers 2-3", "layers 0-1, 6"
+    ("" when every layer is covered; the embedding counts as layer 0, the head as the last)."""
+    spec = plan.model
+    lost = sorted({
+        int(n.split(".")[1]) if n.startswith("layers.") else 0 if n == "embed.weight" else spec.num_layers - 1
+        for n in cover_gaps(plan, members, snapshots)
+    })  # fmt: skip
     runs: list[list[int]] = []
-    for k in (k for k in range(plan.model.num_layers) if k not in live):
+    for k in lost:
         if runs and runs[-1][1] == k - 1:
             runs[-1][1] = k
         else:

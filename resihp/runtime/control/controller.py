@@ -44,6 +44,7 @@ from ..adapt.slowwatch import slow_event, watch_job
 from ..faults import FaultEnd, TimedFaults, end_event
 from ..job import Interrupted, JobSpec, WorkerFailed
 from ..state.checkpoint import savers, write_meta
+from ..state.moved import transfer_event
 from ..state.transfer import gather_replicas
 from .board import Board
 from .boundaries import Boundaries
@@ -354,8 +355,7 @@ class Controller:
         got = self.joined.setdefault(g, [])
         got.append(msg)
         if len(got) == len(self.barrier.expected[g]) and g > 0:
-            times = {"group_s": max(m.group_s for m in got), "transfer_s": max(m.transfer_s for m in got)}
-            self.log.emit({"iter": self.it, "kind": "state-transfer", "generation": g, **times})
+            self.log.emit(transfer_event(self.it, g, got))
 
     def on_reached(self, msg: Reached) -> None:
         if msg.generation == self.gen and self.fails.open is None:  # (a failure: `it` is aborted already)

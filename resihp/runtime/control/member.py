@@ -61,7 +61,7 @@ from ..exec.iteration import Hooks
 from ..exec.worker import Worker
 from ..faults import faults_at, join_stop
 from ..state.checkpoint import load_init, save_shard
-from ..state.snapshot import exchange, holders
+from ..state.snapshot import Keeper
 from ..state.transfer import holding_of, transfer
 from .abort import (
     ABORT_TIMEOUT_S,
@@ -190,8 +190,7 @@ def _run(
             gen = board.generation(g + 1)
             continue
         ranks = {d: r for r, d in enumerate(sorted(gen.members))}
-        worker = groups = init = None
-        snaps: dict = {}  # snapshot.py: the committed shards this device keeps for its buddies
+        worker = groups = init = keeper = None  # keeper (snapshot.py): the shards kept for buddies
         failed = None
         t0 = time.perf_counter()
         if nccl:  # a death during the join: the controller aborts `decision/{g}/{it}` (NCCL won't raise)
@@ -209,15 +208,21 @@ def _run(
             if nccl:  # every rank's first collective on the world (batched P2P needs one before it)
                 dist.all_reduce(torch.zeros(1, device=dev))
             groups = build_groups(plan, device, ranks, timeout=short, step=job.optim.grad_clip > 0)
+            if job.snapshots:  # a gloo group of its own: the side thread's sends never meet the main's
+                keeper = Keeper(plan, device, ranks, dist.new_group(backend="gloo", timeout=short))
             stop = join_stop(faults, device, it)
             if stop is not None:  # the injected death (or hang) during a rebuild
                 fail_now(stop, device, it, results, heart)
             t1 = time.perf_counter()
             steps = it if job.resume else it - job.start_iteration  # committed optimizer steps
+            received, planned = 0, None
             if source is not None:
                 holding, old_snaps = held.get(source[0], (None, {}))
-                hold = holders(source[1]) if job.snapshots else None
-                init = transfer(source[1], holding, plan, device, ranks, steps, old_snaps, hold, dev)
+                node = (lambda d: d // job.devices_per_node) if job.devices_per_node else None
+                init, received, moved = transfer(
+                    source[1], holding, plan, device, ranks, steps, old_snaps, dev, node, it
+                )
+                planned = moved.figures()
             elif job.resume:  # a whole-job restart: state from the checkpoint
                 init = load_init(job.resume, plan, device)
             t2 = time.perf_counter()
@@ -225,15 +230,17 @@ def _run(
             worker = None
             if plan.stage_of(device) is not None:
                 worker = Worker(plan, device, groups, job, init, commits.hooks())
-            if worker is not None and job.snapshots:
-                snaps.update(exchange(plan, device, ranks, holding_of(worker)))
+            if worker is not None and keeper is not None:
+                keeper.refresh(holding_of(worker, copy=False), it)
             long = timedelta(seconds=NCCL_TIMEOUT_S if nccl else PG_TIMEOUT_S)  # heartbeats decide first
             dist.distributed_c10d._set_pg_timeout(long)
             groups.set_timeout(long)
         except RuntimeError as e:  # a peer died or hung during the rebuild (gloo raised or timed out)
             failed = f"join: {type(e).__name__}: {e}"[:300]
         if failed is not None:  # outside the except block: its traceback holds the groups too
-            worker = groups = init = None
+            if keeper is not None:
+                keeper.settle()
+            worker = groups = init = keeper = None
             if nccl:
                 guard.at(None)
             _teardown(nccl, True, abort, on_hang)
@@ -241,19 +248,22 @@ def _run(
             gen = board.generation(g + 1)
             continue
         init = None
-        results.send(Joined(device, g, teardown_s, t1 - t0, t2 - t1, time.perf_counter() - t2))
+        results.send(
+            Joined(device, g, teardown_s, t1 - t0, t2 - t1, time.perf_counter() - t2, received, planned)
+        )
         at = guard.at if nccl else None
-        leave = "standby" if worker is None else _iterate(worker, commits, it, end, ranks, snaps, at)
+        leave = "standby" if worker is None else _iterate(worker, commits, it, end, keeper, at)
         if nccl:
             guard.at(None)
         t_left = time.perf_counter()
+        snaps = {} if keeper is None else keeper.settle()
         if leave != "end":  # a standby member holds nothing but still takes part in the next transfer
-            held[g] = (None if worker is None else holding_of(worker), snaps)
+            held[g] = (None if worker is None else holding_of(worker, copy=False), snaps)
         elif job.return_state:
             results.send(State(device, worker.state_numpy()))
         # Drop every reference to this generation's groups before destroying them: the sockets
         # close, and peers still blocked on this member fail at once (the abort cascade).
-        worker = groups = None
+        worker = groups = keeper = None
         _teardown(nccl, leave == "abort", abort, on_hang)
         teardown_s = time.perf_counter() - t_left
         if leave == "end":
@@ -314,12 +324,15 @@ class Commits:
         return faults_at(self.faults, self.device, k)[2]
 
 
-def _iterate(worker: Worker, commits: Commits, it: int, end: int, ranks, snaps: dict, at=None) -> str:
+def _iterate(worker: Worker, commits: Commits, it: int, end: int, keeper: Keeper | None, at=None) -> str:
     """Run and commit iterations from `it`; returns why the generation ends: next | abort | end.
-    With `job.snapshots`, `snaps` is refreshed after every committed step (`snapshot.exchange`).
-    `at(g, it)`: told the iteration that starts (the NCCL member's `AbortWatch`)."""
+    With `job.snapshots`, `keeper` refreshes the snapshots after every committed step, on its side
+    thread (`snapshot.Keeper`), and is settled before the next iteration runs. `at(g, it)`: told
+    the iteration that starts (the NCCL member's `AbortWatch`)."""
     device, g, results, heart = worker.device, commits.g, commits.results, commits.heart
     while it < end:
+        if keeper is not None:  # the last commit's snapshots are with their holders before it runs on
+            keeper.settle()
         if at is not None:
             at(g, it)
         stop = faults_at(commits.faults, device, it)[0]
@@ -340,15 +353,8 @@ def _iterate(worker: Worker, commits: Commits, it: int, end: int, ranks, snaps: 
         if every and it % every == 0:  # the step of iteration it - 1 is committed: save it
             if save_shard(worker.job.checkpoint_dir, it, worker.plan, device, holding_of(worker)):
                 results.send(Saved(device, g, it))
-        if worker.job.snapshots:
-            try:
-                fresh = exchange(worker.plan, device, ranks, holding_of(worker))
-            except RuntimeError as e:  # a peer died: never keep a stale snapshot as if current
-                snaps.clear()
-                results.send(Abort(device, g, it, f"snapshot: {e}"[:300]))
-                return "abort"
-            snaps.clear()
-            snaps.update(fresh)
+        if keeper is not None:
+            keeper.refresh(holding_of(worker, copy=False), it)
         if commits.verdict is Verdict.NEXT:
             return "next"
     return "end"

@@ -88,7 +88,9 @@ class Joining:
 @_message(Kind.JOINED)
 class Joined:
     """The member joined `generation` (groups built, state received); the seconds it took: leaving
-    the previous generation, the rendezvous and group building, the state transfer, the worker."""
+    the previous generation, the rendezvous and group building, the state transfer, the worker;
+    the bytes of state it received from other members, and its transfer plan's figures
+    (`TransferPlan.figures`, the same on every member; None: no transfer)."""
 
     kind: ClassVar[Kind]
     device: int
@@ -97,6 +99,8 @@ class Joined:
     group_s: float
     transfer_s: float
     build_s: float
+    received_bytes: int = 0
+    planned: dict | None = None
 
 
 @_message(Kind.REACHED)

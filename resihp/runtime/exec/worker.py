@@ -80,7 +80,7 @@ class Worker:
     def __init__(
         self, plan: Plan, device: int, groups: Groups, job, init=None, hooks: Hooks | None = None
     ) -> None:
-        """`init` (a `transfer.StageInit`): start from transferred full tensors instead of the seed;
+        """`init` (a `transfer.StageInit`): start from transferred tensors instead of the seed;
         `hooks`: the elastic runtime's (None: inert)."""
         self.plan, self.device, self.groups, self.job = plan, device, groups, job
         self.hooks = Hooks() if hooks is None else hooks
@@ -103,12 +103,7 @@ class Worker:
             for n, p in self.named.items():
                 self.opt.state[p] = {
                     "step": torch.tensor(float(init.steps)),  # on the host, as AdamW keeps it
-                    **{
-                        k: slice_tensor(self.spec, n, full[n], st.tp_split, st.ffn_split, groups.tp_rank).to(
-                            self.dev
-                        )
-                        for k, full in zip(("exp_avg", "exp_avg_sq"), init.moments)
-                    },
+                    **{k: self._moment(init, n, t) for k, t in zip(("exp_avg", "exp_avg_sq"), init.moments)},
                 }
         self.G = plan.global_microbatches
         self.clock = CommClock(job.timing, self.dev)
@@ -123,11 +118,21 @@ class Worker:
         self._zero_shards = {n: self._zeros(n) for n in self.named} if full else {}
         self.norm_names = owned_names(plan, self.replica, self.stage_index) if job.optim.grad_clip else []
 
+    def _moment(self, init, name: str, tensors) -> torch.Tensor:
+        """This shard's AdamW moment `name` from `init`: an own copy (the optimizer updates it in
+        place, and a transferred shard may be the member's held state, a later transfer's source)."""
+        if init.sharded:
+            return tensors[name].to(self.dev, copy=True)
+        st = self.stage
+        return slice_tensor(
+            self.spec, name, tensors[name], st.tp_split, st.ffn_split, self.groups.tp_rank
+        ).to(self.dev)
+
     def _source(self, init) -> dict:
         """What the stage starts from: transferred tensors, this shard's slices of the job's
         Hugging Face weights (`model.hf.read_shard`: nothing else is read), or the seed."""
         if init is not None:
-            return {"state": init.params}
+            return {"shard": init.params} if init.sharded else {"state": init.params}
         if self.job.weights is not None:
             from resihp.model.hf import read_shard
 

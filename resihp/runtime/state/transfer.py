@@ -1,21 +1,24 @@
-"""State transfer between Plan generations: parameters and AdamW moments, resharded on the fly.
+"""State transfer between Plan generations: parameters and AdamW moments, point to point.
 
 Every worker leaves generation g with a `Holding`: its committed shard of parameters and AdamW
 moments under the old Plan (no gradients: an iteration in flight is discarded). In generation g+1
-the transfer plan (`source_stages`) maps every canonical tensor to one *source stage* of the old
-Plan: the first stage, in replica order, that holds it and whose devices are all still members
-(itself, or a DP peer's copy when a TP member died). Each source device then broadcasts one flat
-buffer with its shards of the tensors it sources, `[param, exp_avg, exp_avg_sq]` per tensor, over
-the new world's default group; every member knows every buffer's layout from the old Plan alone.
-A receiver gathers the full tensors of its new stage (`gather_tensor`, "copy" mode) and slices its
-new shard (`Worker(init=...)`), so TP-split changes, moved layers and devices coming back from
-standby are all the same operation. Parameters and moments are bitwise copies: a replan changes
-nothing numerically but the order of later floating-point reductions.
+every member first learns who holds what (`inventory`, one small all-gather: its own old shard or
+not, and the snapshots of lost devices it keeps, `snapshot.py`), then computes the same transfer
+plan (`core.transfer_plan.plan_transfer`, a pure function): for each device of the new Plan, the
+row ranges of each tensor of its new stage it lacks and the live copy each comes from (its own,
+then its node's, then another node's; senders balanced). Every ordered pair of devices then
+exchanges at most one flat buffer — the pair's pieces in the plan's order, `[param, exp_avg,
+exp_avg_sq]` per piece — in one `batch_isend_irecv`: tag-free (NCCL ignores tags; one message per
+pair and direction needs no matching), and only the ranges that change hands travel, so a
+migration-only replan moves nothing and a moved layer moves that layer. The receiver writes each
+piece straight into its new shard tensors; no full tensor is materialised. Parameters and moments
+are bitwise copies: a replan changes nothing numerically but the order of later floating-point
+reductions. A device whose shard is unchanged keeps its own tensors.
 
-Simplest correct, not cheapest: every member receives every buffer (a tiny CPU model moves in
-milliseconds); a targeted point-to-point plan is an optimisation left for later. Buffers live on
-the member's device (`dev`; a broadcast moves device memory under NCCL); the layouts are computed
-on the meta device, so a large model never allocates a full tensor to learn a shape.
+A member whose transfer needs a range no live copy covers raises ValueError (every member raises
+the same: they computed the same plan); the controller checks the cover before it replans
+(`adapt/recovery.py`, `transfer_plan.cover_gaps`), so this means a snapshot it counted on was
+lost with a second death during its exchange.
 """
 
 from __future__ import annotations
@@ -26,7 +29,16 @@ import torch
 import torch.distributed as dist
 
 from resihp.core.plan import Plan, Stage
-from resihp.model import full_shape, gather_state, gather_tensor, slice_tensor, stage_param_names
+from resihp.core.transfer_plan import (
+    ELEMENT_BYTES,
+    KINDS,
+    TransferPlan,
+    extent,
+    interval,
+    plan_transfer,
+    positions,
+)
+from resihp.model import full_shape, gather_state, stage_param_names
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -37,24 +49,30 @@ class Holding:
 
     params: dict[str, torch.Tensor]
     moments: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None  # None before any step
+    at: int | None = None  # a snapshot's tag: the iteration it is the committed state before
 
 
 @dataclass
 class StageInit:
-    """Full (unsharded) tensors of a new stage's names, and the optimizer step count."""
+    """A new stage's tensors by name (full, or this device's shards when `sharded`), and the
+    optimizer step count."""
 
     params: dict[str, torch.Tensor]
     moments: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None
     steps: int
+    sharded: bool = False  # the tensors are already this device's shards (`transfer`), not full
 
 
-def holding_of(worker) -> Holding:
-    """Copy a `Worker`'s parameters and AdamW moments (drops every reference to its groups)."""
-    params = {n: p.detach().clone() for n, p in worker.named.items()}
+def holding_of(worker, copy: bool = True) -> Holding:
+    """A `Worker`'s parameters and AdamW moments (no reference to its groups): copies, or with
+    `copy=False` its own tensors — for a worker about to be dropped, or a reader done with them
+    before the next step changes them in place."""
+    take = (lambda t: t.detach().clone()) if copy else (lambda t: t.detach())
+    params = {n: take(p) for n, p in worker.named.items()}
     states = [worker.opt.state.get(p) for p in worker.named.values()]
     if not all(states):
         return Holding(params, None)
-    moments = tuple({n: s[k].detach().clone() for n, s in zip(worker.named, states)} for k in MOMENTS)
+    moments = tuple({n: take(s[k]) for n, s in zip(worker.named, states)} for k in MOMENTS)
     return Holding(params, moments)
 
 
@@ -89,20 +107,36 @@ def source_stages(plan: Plan, members: set[int], holders: dict[int, int] | None 
     return out
 
 
-def root_of(device: int, members, holders: dict[int, int] | None) -> int:
-    """Who broadcasts `device`'s old shards: itself, or the member keeping its snapshot."""
-    return device if device in members or holders is None else holders[device]
+def inventory(old: Plan, device: int, holding, snaps: dict, ranks: dict[int, int], at: int, dev=None):
+    """Collective over the new world: (the members holding their own shard of `old`, lost device
+    -> the member keeping its snapshot tagged `at`, the iteration the new generation starts at).
+    Every member learns the same, so all plan alike."""
+    n = 1 + max([*old.devices(), *ranks])
+    mine = torch.zeros(n, dtype=torch.int64, device=dev)
+    if holding is not None:
+        mine[device] = 1
+    for src, snap in snaps.items():
+        if snap.at == at:
+            mine[src] = 1
+    rows = [torch.empty_like(mine) for _ in ranks]
+    dist.all_gather(rows, mine)
+    by_rank = {r: d for d, r in ranks.items()}
+    held = {by_rank[r]: set(row.nonzero().flatten().tolist()) for r, row in enumerate(rows)}
+    alive = {d for d, has in held.items() if d in has}
+    copies: dict[int, int] = {}
+    for d in sorted(held):
+        for src in sorted(held[d] - {d} - alive):
+            copies.setdefault(src, d)
+    return alive, copies
 
 
-def _layout(plan: Plan, sources: dict[str, Stage], device: int) -> list[tuple[str, torch.Size]]:
-    """(name, shard shape) of every tensor `device` sources, in canonical order."""
-    spec, out = plan.model, []
-    for name, st in sources.items():
-        if device in st.devices:
-            r = st.devices.index(device)
-            full = torch.empty(full_shape(spec, name), device="meta")
-            out.append((name, slice_tensor(spec, name, full, st.tp_split, st.ffn_split, r).shape))
-    return out
+def _views(spec, old_at, piece, held: Holding, kinds: int) -> list[torch.Tensor]:
+    """The rows of `piece` in the copy it comes from (`held`: its source's old shard), per kind."""
+    st, r = old_at[piece.source]
+    axis = extent(spec, piece.name)[0]
+    a = interval(spec, piece.name, st, r)[0]
+    tensors = [held.params] + (list(held.moments) if kinds > 1 else [])
+    return [t[piece.name].narrow(axis, piece.lo - a, piece.hi - piece.lo) for t in tensors]
 
 
 def transfer(
@@ -113,52 +147,78 @@ def transfer(
     ranks: dict[int, int],
     steps: int,
     snaps: dict[int, Holding] | None = None,
-    holders: dict[int, int] | None = None,
     dev: torch.device | None = None,
-) -> StageInit | None:
-    """Collective over the new world (every member calls it): this device's new stage's state, on
-    `dev` (default: the CPU).
+    node_of=None,
+    at: int | None = None,
+) -> tuple[StageInit | None, int, TransferPlan]:
+    """Collective over the new world (every member calls it): this device's new stage's shards on
+    `dev` (default: the CPU; None for a standby device), the bytes it received, and the plan.
 
     `holding` is this device's state under `old` (None when it held nothing); `steps` the number
-    of committed optimizer steps (0: no moments exist yet). Returns None for a standby device.
-    `snaps` / `holders` (`snapshot.py`): the snapshots this device keeps, and who keeps whose; a
-    lost source device's shards are then broadcast by its holder.
+    of committed optimizer steps (0: no moments exist yet); `snaps` the snapshots it keeps
+    (`snapshot.py`), of which those tagged `at` (the iteration the new generation starts at) count;
+    `node_of(device)`: a device's node (default: one node).
     """
-    spec = old.model
-    sources = source_stages(old, set(ranks), holders)
-    kinds = 1 + (2 if steps > 0 else 0)
-    where = new.stage_of(device)
-    mine = set()
-    if where is not None:
-        st_new = new.replicas[where[0]][where[1]]
-        mine = set(stage_param_names(spec, st_new.layers))
-    pieces: dict[str, list] = {n: [None] * st.tp for n, st in sources.items() if n in mine}
-    for src in sorted(d for st in set(sources.values()) for d in st.devices):
-        layout = _layout(old, sources, src)
-        sizes = [shape.numel() for _, shape in layout]
-        root = root_of(src, ranks, holders)
-        if root == device:
-            held = holding if src == device else (snaps or {}).get(src)
-            assert held is not None, f"device {device} sources state of {src} but holds none"
-            tensors = [held.params] + (list(held.moments) if kinds > 1 else [])
-            buf = torch.cat([t[n].reshape(-1) for n, _ in layout for t in tensors])
-        else:
-            buf = torch.empty(sum(sizes) * kinds, device=dev)
-        dist.broadcast(buf, src=ranks[root])
-        offset = 0
-        for (name, shape), numel in zip(layout, sizes):
-            parts = [buf[offset + k * numel : offset + (k + 1) * numel].view(shape) for k in range(kinds)]
-            offset += kinds * numel
-            if name in pieces:
-                pieces[name][sources[name].devices.index(src)] = parts
-    if where is None:
-        return None
+    assert ELEMENT_BYTES == 4  # float32 buffers
+    spec, snaps = old.model, snaps or {}
+    kinds = KINDS if steps > 0 else 1
+    alive, copies = inventory(old, device, holding, snaps, ranks, at, dev)
+    plan = plan_transfer(old, new, alive, copies, node_of or (lambda d: 0), kinds)
+    old_at = positions(old)
+
+    def source(piece):  # (a snapshot lives on the host)
+        held = holding if piece.source == device else snaps[piece.source]
+        return [v.to(dev) if dev is not None else v for v in _views(spec, old_at, piece, held, kinds)]
+
+    sends: dict[int, list] = {}
+    recvs: dict[int, list] = {}
+    for p in plan.pieces:
+        if p.sender == device and p.receiver != device:
+            sends.setdefault(p.receiver, []).append(p)
+        elif p.receiver == device and p.sender != device:
+            recvs.setdefault(p.sender, []).append(p)
+    ops, bufs = [], {}
+    for peer, pieces in sorted(sends.items()):
+        out = torch.cat([v.reshape(-1) for p in pieces for v in source(p)])
+        ops.append(dist.P2POp(dist.isend, out, ranks[peer]))
+    for peer, pieces in sorted(recvs.items()):
+        bufs[peer] = torch.empty(sum(p.nbytes for p in pieces) // ELEMENT_BYTES, device=dev)
+        ops.append(dist.P2POp(dist.irecv, bufs[peer], ranks[peer]))
+    for w in dist.batch_isend_irecv(ops) if ops else []:
+        w.wait()
+    received = sum(b.numel() * b.element_size() for b in bufs.values())
+    mine = positions(new).get(device)
+    if mine is None:
+        return None, received, plan
+    into = [p for p in plan.pieces if p.receiver == device]
+    if not into:  # the same shard as before: keep it
+        return StageInit(holding.params, holding.moments if kinds > 1 else None, steps, True), received, plan
+    st, r = mine
     full = [{} for _ in range(kinds)]
-    for name, per_rank in pieces.items():
-        st = sources[name]
+    for name in stage_param_names(spec, st.layers):
+        shape = list(full_shape(spec, name))
+        axis = extent(spec, name)[0]
+        a, b = interval(spec, name, st, r)
+        shape[axis] = b - a
         for k in range(kinds):
-            full[k][name] = gather_tensor(spec, name, [p[k] for p in per_rank], st.tp_split, st.ffn_split)
-    return StageInit(full[0], (full[1], full[2]) if kinds > 1 else None, steps)
+            full[k][name] = torch.empty(shape, device=dev)
+    offset = dict.fromkeys(bufs, 0)
+    for p in into:
+        axis = extent(spec, p.name)[0]
+        a = interval(spec, p.name, st, r)[0]
+        if p.sender == device:
+            parts = source(p)
+        else:
+            shape = list(full[0][p.name].shape)
+            shape[axis] = p.hi - p.lo
+            numel = (p.hi - p.lo) * extent(spec, p.name)[2]
+            at, buf = offset[p.sender], bufs[p.sender]
+            parts = [buf[at + k * numel : at + (k + 1) * numel].view(shape) for k in range(kinds)]
+            offset[p.sender] = at + kinds * numel
+        for k in range(kinds):
+            full[k][p.name].narrow(axis, p.lo - a, p.hi - p.lo).copy_(parts[k])
+    assert all(offset[s] == bufs[s].numel() for s in bufs), (device, offset)
+    return StageInit(full[0], (full[1], full[2]) if kinds > 1 else None, steps, True), received, plan
 
 
 def gather_replicas(plan: Plan, shards: dict[int, dict]) -> dict[int, dict[str, torch.Tensor]]:
