@@ -95,11 +95,11 @@ def run_training(
         plan = config.plan()
     start = 0
     workload = config.workload()
-    if resume is not None:
-        from .state.checkpoint import load_meta, resolve
+    if resume is not None:  # verified here, before any process starts (`state.verify`)
+        from .state.verify import check_model, newest_usable
 
-        resume = resolve(resume)
-        meta = load_meta(resume)
+        resume, meta = newest_usable(resume)
+        check_model(meta, plan.model, f"--resume {resume}")
         start = meta["iteration"]
         if start >= config.iterations:
             raise ValueError(

@@ -10,7 +10,8 @@ from resihp.core.plan import Plan, Stage
 from resihp.runtime.config import TrainConfig
 from resihp.runtime.control.pids import alive
 from resihp.runtime.reference import reference_for
-from resihp.runtime.state.checkpoint import iter_dir, load_meta, resolve
+from resihp.runtime.state.checkpoint import iter_dir, load_meta
+from resihp.runtime.state.verify import newest_usable
 from resihp.runtime.train import run_training
 
 SPEC = ModelSpec("t", 4, 32, 8, 2, 48, 256)
@@ -24,7 +25,7 @@ def test_checkpoint_options_are_validated(tmp_path):
     cfg = TrainConfig.from_dict({"run": {"checkpoint_every": 5, "checkpoint_dir": "ck"}})
     assert (cfg.checkpoint_every, cfg.checkpoint_dir) == (5, "ck")
     with pytest.raises(ValueError, match="no complete checkpoint"):
-        resolve(str(tmp_path))
+        newest_usable(str(tmp_path))
     with pytest.raises(ValueError, match="no complete checkpoint"):
         run_training(TrainConfig(iterations=2), progress=False, resume=str(tmp_path))
 
@@ -45,10 +46,10 @@ def test_resume_continues_the_loss_trajectory_on_the_same_and_another_plan(tmp_p
     ref, _ = reference_for(plan, config)
     assert losses == pytest.approx(ref, rel=1e-5)
     assert [(e["iter"], e["kind"]) for e in full["events"]] == [(3, "checkpoint"), (6, "checkpoint")]
-    assert resolve(ckpt) == iter_dir(ckpt, 6)
+    assert newest_usable(ckpt)[0] == iter_dir(ckpt, 6)
     meta = load_meta(iter_dir(ckpt, 3))
-    assert meta["iteration"] == 3 and meta["plan"] == plan and meta["savers"] == [0, 1, 2, 3]
-    assert sorted(os.listdir(iter_dir(ckpt, 3))) == ["dev0.pt", "dev1.pt", "dev2.pt", "dev3.pt", "meta.pt"]
+    assert meta["iteration"] == 3 and meta["plan"] == plan.to_dict() and meta["savers"] == [0, 1, 2, 3]
+    assert sorted(os.listdir(iter_dir(ckpt, 3))) == [".metadata", "dev0", "dev1", "dev2", "dev3", "meta.json"]
     pids = full["worker_pids"]
 
     again = TrainConfig(seq_len=32, microbatches=2, iterations=6)

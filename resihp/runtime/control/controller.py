@@ -390,7 +390,7 @@ class Controller:
         got.add(msg.device)
         wrote = self.plans[msg.generation]
         if got == set(savers(wrote)):
-            path = write_meta(self.job.checkpoint_dir, msg.iter, wrote, self.job)
+            path = write_meta(self.job.checkpoint_dir, msg.iter, wrote, self.job, self.job.keep_checkpoints)
             self.log.emit({"iter": msg.iter, "kind": "checkpoint", "path": path})
 
     def on_state(self, msg: State) -> None:
