@@ -133,6 +133,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one_with_one_line(tmp_p
     _write(root, 3, _full(1))
     newest = _write(root, 6, _full(2))
     assert newest_usable(root) == (newest, load_meta(newest))
+    assert newest_usable(root, at_most=5)[0] == iter_dir(root, 3)  # (a restart before iteration 6)
     reason = _damage(newest, how)
     with pytest.raises(ValueError, match="^" + re.escape(reason)):
         verify(newest)  # (the message lacks the directory: newest_usable adds it)
@@ -175,3 +176,23 @@ def test_another_model_is_refused_naming_the_field(tmp_path):
         ValueError, match=r"^--resume x: the checkpoint's model has ffn = 48, the config's model\.ffn = 64"
     ):
         check_model(meta, wider, "--resume x")
+
+
+def test_resume_warns_once_and_refuses_another_model_before_any_process(tmp_path, capsys):
+    """`resihp train --resume`: a damaged newest checkpoint is skipped with one warning line; a
+    checkpoint of another model exits 2 with one line naming the field, before anything starts."""
+    from resihp.cli.main import main
+
+    root = str(tmp_path / "ck")
+    _write(root, 2, _full(1))
+    _damage(_write(root, 4, _full(1)), "truncated shard")
+    assert main(["train", "--resume", root, "--iterations", "8", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2, err
+    assert err[0].startswith(
+        f"resihp: warning: --resume {root}: skipping iter_00000004: dev2/__0_0.distcp has"
+    )
+    assert err[0].endswith("resuming from iter_00000002 (iteration 2)")
+    assert re.match(r"resihp: error: --resume .*iter_00000002: the checkpoint's model has \w+ = ", err[1]), (
+        err
+    )

@@ -22,6 +22,7 @@ from ..job import JobSpec, WorkerFailed
 from ..state.snapshot import holders
 from ..state.transfer import source_stages
 from .reconfig import replan_after_stop
+from .restart import Restart, plan_restart
 
 
 def plan_after_stop(
@@ -35,7 +36,7 @@ def plan_after_stop(
     policy: Policy | None,
     emit,
     pids: list[int],
-) -> tuple[Plan, str, tuple | None]:
+) -> tuple[Plan, str, tuple | Restart | None]:
     """The next generation's plan over the survivors `members` after `dead` stopped at iteration
     `it`, the policy's reason, and its `source`: (generation, plan) whose held state the members
     transfer from, None to start from the seed / checkpoint.
@@ -43,9 +44,10 @@ def plan_after_stop(
     `ctx` is what the `policy` plans for (`reconfig.planning_context`), `plans` every generation's,
     `joined` generation -> members that completed its join. Every tensor must have a complete live
     copy in the source state (`transfer.source_stages`); with `job.snapshots` a lost stage's
-    snapshot holders count (event `snapshot-restore`, handed to `emit`), else WorkerFailed
-    (carrying `pids`) naming the layers no survivor holds; WorkerFailed too when no plan runs on the
-    survivors (every replica lost a stage and the policy has no answer).
+    snapshot holders count (event `snapshot-restore`, handed to `emit`). Without either, the job
+    restarts from its newest checkpoint (`restart.plan_restart`: the source is then a `Restart`),
+    else WorkerFailed (carrying `pids`) naming the layers no survivor holds; WorkerFailed too when
+    no plan runs on the survivors (every replica lost a stage and the policy has no answer).
     """
     # the state survivors hold: of cur, or of an earlier generation when cur's rebuild failed
     src = source_generation([p.devices() for p in plans], joined, members)
@@ -54,16 +56,18 @@ def plan_after_stop(
         if src is not None:  # (None: nothing joined yet, start from the seed / checkpoint)
             source_stages(base, members)
     except ValueError as e:  # a stage lost every replica: its snapshots, else WorkerFailed
-        if not job.snapshots:
-            raise WorkerFailed(
-                f"devices {dead} stopped at iteration {it} and took out every copy of "
-                f"{lost_layers(base, members) or e} (run.snapshots = true keeps an in-memory copy of "
-                "every stage on a peer)",
-                dead,
-                pids,
-            ) from None
-        hold = holders(base)
-        source_stages(base, members, hold)
+        failed = WorkerFailed(
+            f"devices {dead} stopped at iteration {it} and took out every copy of "
+            f"{lost_layers(base, members) or e} (run.snapshots = true keeps an in-memory copy of "
+            "every stage on a peer; with checkpoints the job restarts from the newest)",
+            dead,
+            pids,
+        )
+        hold = holders(base) if job.snapshots else {}
+        try:
+            source_stages(base, members, hold)
+        except ValueError:  # no cover, no snapshot: the newest checkpoint, if any (`restart.py`)
+            return plan_restart(ctx, base, members, it, job, policy, emit, failed)
         lost = sorted(d for d in base.devices() if d not in members)
         used = sorted({hold[d] for d in lost if d in hold})
         emit({"iter": it, "kind": "snapshot-restore", "devices": used, "lost": lost})

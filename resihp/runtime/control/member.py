@@ -219,8 +219,8 @@ def _run(
                 holding, old_snaps = held.get(source[0], (None, {}))
                 hold = holders(source[1]) if job.snapshots else None
                 init = transfer(source[1], holding, plan, device, ranks, steps, old_snaps, hold, dev)
-            elif job.resume:  # a whole-job restart: state from the checkpoint
-                init = load_init(job.resume, plan, device)
+            elif gen.restore or job.resume:  # a whole-job restart: state from the checkpoint
+                init = load_init(gen.restore or job.resume, plan, device)
             t2 = time.perf_counter()
             commits = Commits(g, device, faults, board, results, heart)
             worker = None

@@ -41,7 +41,12 @@ def verify(path: str) -> dict:
         raise ValueError(f"{META} is not valid JSON (truncated or corrupt)") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ValueError(f"{META}: not a {FORMAT} checkpoint")
-    for rel, want in sorted(meta["files"].items()):
+    files = meta.get("files")
+    if not isinstance(files, dict) or not all(
+        isinstance(w, dict) and {"bytes", "sha256"} <= set(w) for w in files.values()
+    ):
+        raise ValueError(f"{META}: no valid file list")
+    for rel, want in sorted(files.items()):
         full = os.path.join(path, rel)
         if not os.path.isfile(full):
             raise ValueError(f"{rel} is missing")
@@ -53,22 +58,33 @@ def verify(path: str) -> dict:
     return meta
 
 
-def candidates(path: str) -> list[str]:
-    """The checkpoints `--resume path` may load, in order of preference (see the module doc)."""
+def candidates(path: str, at_most: int | None = None) -> list[str]:
+    """The checkpoints `--resume path` may load, in order of preference (see the module doc); with
+    `at_most`, only those of iterations <= it (as their directories name them)."""
     path = os.path.normpath(path)
     m = ITER_RE.match(os.path.basename(path))
     if m is None and not os.path.isfile(os.path.join(path, META)):  # a run.checkpoint_dir
-        return [iter_dir(path, k) for k in reversed(complete(path))]
-    root = os.path.dirname(path) or "."
-    older = [] if m is None else [iter_dir(root, k) for k in reversed(complete(root)) if k < int(m.group(1))]
-    return [path, *older]
+        found = [iter_dir(path, k) for k in reversed(complete(path))]
+    else:
+        root = os.path.dirname(path) or "."
+        older = (
+            [] if m is None else [iter_dir(root, k) for k in reversed(complete(root)) if k < int(m.group(1))]
+        )
+        found = [path, *older]
+    if at_most is None:
+        return found
+    return [
+        p for p in found if (n := ITER_RE.match(os.path.basename(p))) is None or int(n.group(1)) <= at_most
+    ]
 
 
-def newest_usable(path: str, what: str = "--resume", warn: Callable[[str], None] = _warn) -> tuple[str, dict]:
-    """(checkpoint directory, its meta) to load for `what path`; ValueError (one line) when no
-    checkpoint there is usable."""
+def newest_usable(
+    path: str, what: str = "--resume", warn: Callable[[str], None] = _warn, at_most: int | None = None
+) -> tuple[str, dict]:
+    """(checkpoint directory, its meta) to load for `what path` (`at_most`: of an iteration <= it);
+    ValueError (one line) when no checkpoint there is usable."""
     skipped = []
-    for cand in candidates(path):
+    for cand in candidates(path, at_most):
         try:
             meta = verify(cand)
         except ValueError as e:
@@ -83,7 +99,8 @@ def newest_usable(path: str, what: str = "--resume", warn: Callable[[str], None]
 
 
 def check_model(meta: dict, spec: ModelSpec, what: str) -> None:
-    """ValueError naming the first field in which the checkpoint's model differs from `spec`."""
+    """ValueError naming the first field in which the checkpoint's model differs from `spec` (its
+    name aside: an imported model and a preset of one shape are the same model)."""
     mine = spec_to_json(spec)
     for f in fields(ModelSpec):
         theirs = meta["model"].get(f.name)
