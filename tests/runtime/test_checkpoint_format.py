@@ -196,3 +196,16 @@ def test_resume_warns_once_and_refuses_another_model_before_any_process(tmp_path
     assert re.match(r"resihp: error: --resume .*iter_00000002: the checkpoint's model has \w+ = ", err[1]), (
         err
     )
+
+
+def test_without_a_cpu_backend_the_write_runs_on_the_savers_own_thread(tmp_path, monkeypatch):
+    """An NCCL member's default group has no CPU backend, which `async_save` refuses: the same
+    files come from the Saver's own thread, and read back bitwise."""
+    from resihp.runtime.state import checkpoint
+
+    monkeypatch.setattr(checkpoint, "_cpu_backend", lambda: False)
+    full = _full(3)
+    path = _write(str(tmp_path), 2, full, mode="async")
+    got = load_full(path)
+    assert all(torch.equal(got.params[n], t) for n, t in full[0].items())
+    assert verify(path)["iteration"] == 2
