@@ -20,8 +20,9 @@ any member starts.
 
 Saving: a member saves right after the optimizer step of a committed iteration k with
 (k + 1) % every == 0 (`Saver.save`): it copies its committed shards (the `Holding`), hands them to
-`dcp.async_save` and goes on training while a background thread writes them and their checksums;
-`Saver.poll` says which writes are complete, and the member reports `Saved` for those. The
+`dcp.async_save` and goes on training while a background thread writes them and their checksums
+(one write in flight per member: the next save waits for it); `Saver.poll` says which writes are
+complete, and the member reports `Saved` for those. The
 controller completes the checkpoint once every saver reported (`write_meta`: merged DCP metadata,
 `meta.json`, `latest`, then retention: the `keep` newest complete checkpoints stay, every older
 `iter_*` directory is removed). A checkpoint without `meta.json` (a crash mid-save) is never
@@ -119,10 +120,13 @@ class Saver:
         self, root: str, iteration: int, generation: int, plan: Plan, device: int, holding: Holding
     ) -> bool:
         """Start writing `device`'s part of the checkpoint of `iteration` (committed steps) under
-        `plan`; False when the device sources nothing (it writes no file)."""
+        `plan`; False when the device sources nothing (it writes no file). At most one write is in
+        flight: a save first waits for the one before (so copies never pile up in memory)."""
         state, table = device_state(plan, device, holding)
         if not state:
             return False
+        for _, _, earlier in self.pending:
+            earlier.exception()  # (its outcome is reported by the next `poll`)
         directory = os.path.join(iter_dir(root, iteration), f"dev{device}")
         os.makedirs(directory, exist_ok=True)
         done: Future = Future()
