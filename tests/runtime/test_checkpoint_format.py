@@ -209,3 +209,13 @@ def test_without_a_cpu_backend_the_write_runs_on_the_savers_own_thread(tmp_path,
     got = load_full(path)
     assert all(torch.equal(got.params[n], t) for n, t in full[0].items())
     assert verify(path)["iteration"] == 2
+
+
+def test_verification_imports_without_torch():
+    """`--resume` is checked before the runtime (and torch) loads: `state.verify` is torch-free."""
+    import subprocess
+    import sys
+
+    code = "import sys, resihp.runtime.state.verify; assert 'torch' not in sys.modules, 'torch imported'"
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": repo})
