@@ -50,7 +50,6 @@ from resihp.core.plan import Plan
 from resihp.core.workload import Workload
 from resihp.model import stage_param_names
 
-from . import chunks
 from .layout import (
     CHECKSUMS,
     FORMAT,
@@ -67,6 +66,15 @@ from .layout import (
 from .transfer import MOMENTS, Holding, StageInit, source_stages
 
 
+def _chunks():
+    """`chunks.py`, imported on first use: it loads `torch.distributed.checkpoint` (seconds on a
+    loaded machine), which a run without checkpoints, and the controller until its first
+    checkpoint completes, never needs."""
+    from . import chunks
+
+    return chunks
+
+
 def savers(plan: Plan) -> list[int]:
     """Devices that write a checkpoint of `plan`: those of its source stages."""
     sources = source_stages(plan, set(plan.devices()))
@@ -76,7 +84,7 @@ def savers(plan: Plan) -> list[int]:
 def device_state(plan: Plan, device: int, holding: Holding) -> tuple[dict, dict]:
     """(DCP state dict, chunk table) of what `device` writes under `plan`: the owned chunks of the
     tensors it sources (`source_stages`), parameters and moments; empty when it sources nothing."""
-    spec = plan.model
+    spec, chunks = plan.model, _chunks()
     sources = source_stages(plan, set(plan.devices()))
     names = [n for n, st in sources.items() if device in st.devices]
     owned: dict = {}
@@ -125,6 +133,7 @@ class Saver:
         state, table = device_state(plan, device, holding)
         if not state:
             return False
+        chunks = _chunks()
         for _, _, earlier in self.pending:
             earlier.exception()  # (its outcome is reported by the next `poll`)
         directory = os.path.join(iter_dir(root, iteration), f"dev{device}")
@@ -195,6 +204,7 @@ def write_meta(root: str, iteration: int, plan: Plan, job=None, keep: int | None
     config. Returns the checkpoint's directory."""
     path = iter_dir(root, iteration)
     parts = [f"dev{d}" for d in savers(plan)]
+    chunks = _chunks()
     merged = chunks.merge(path, parts)
     files = file_sums(path, [chunks.DCP_METADATA])
     for part in parts:
@@ -246,6 +256,7 @@ def load_full(path: str, names=None, moments: bool = True, meta: dict | None = N
     spec = spec_from_json(meta["model"])
     names = stage_param_names(spec, (0, spec.num_layers)) if names is None else list(names)
     kinds = ["param"] + (list(MOMENTS) if moments and meta["moments"] else [])
+    chunks = _chunks()
     got = chunks.load_tensors(path, spec, [chunks.key(k, n) for k in kinds for n in names])
     full = [{n: got[chunks.key(k, n)] for n in names} for k in kinds]
     return StageInit(full[0], (full[1], full[2]) if len(kinds) == 3 else None, meta["iteration"])
