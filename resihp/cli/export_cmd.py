@@ -1,9 +1,10 @@
 """`resihp export CHECKPOINT_DIR --hf OUT_DIR`: a checkpoint of `resihp train` as a Hugging Face
 model directory (`config.json` + `model.safetensors`, fp32) that `transformers` loads.
 
-CHECKPOINT_DIR is a checkpoint (`iter_N` with its `meta.pt`) or a `run.checkpoint_dir` whose
-`latest` names one. The full tensors are gathered from the shards of whatever plan wrote them
-(uneven TP splits, moved layers: `state.checkpoint.load_full`, the one reader of the format),
+CHECKPOINT_DIR is a checkpoint (`iter_N` with its `meta.json`) or a `run.checkpoint_dir`; it is
+verified first and, like `--resume`, falls back to the newest intact one (`state.verify`). The full
+tensors are read by DCP from the chunks of whatever plan wrote them (uneven TP splits, moved
+layers: `state.checkpoint.load_full`, the one reader of the format),
 then written under transformers' names (`core.hf_config.hf_name`). A model imported with
 `[model] hf` keeps its config.json's architecture and other fields; a preset becomes a
 LlamaForCausalLM (Qwen2ForCausalLM with q/k/v biases). Tokenizer files are not part of a
@@ -30,23 +31,19 @@ def run(args) -> int:
     if not os.path.isdir(args.checkpoint):
         raise ValueError(f"CHECKPOINT_DIR {args.checkpoint}: no such directory")
     check_dir(args.hf, "--hf")
-    from resihp.runtime.state.checkpoint import load_full, load_meta, resolve
+    from resihp.runtime.state.checkpoint import load_full
+    from resihp.runtime.state.layout import spec_from_json
+    from resihp.runtime.state.verify import newest_usable
 
-    try:
-        path = resolve(args.checkpoint)
-    except ValueError:
-        raise ValueError(
-            f"CHECKPOINT_DIR {args.checkpoint}: no complete checkpoint (no meta.pt, no latest)"
-        ) from None
+    path, meta = newest_usable(args.checkpoint, "CHECKPOINT_DIR")
     from resihp.model.hf import save_hf
 
-    meta = load_meta(path)
-    spec = meta["plan"].model
-    state = load_full(path, moments=False).params
+    spec = spec_from_json(meta["model"])
+    state = load_full(path, moments=False, meta=meta).params
     weights = save_hf(args.hf, spec, state, meta.get("hf_config"))
     params = sum(t.numel() for t in state.values())
     print(
-        f"exported {path} (iteration {meta['iteration']}, plan generation {meta['plan'].generation}) to "
-        f"{args.hf}: config.json, {os.path.basename(weights)} ({params} parameters, fp32)"
+        f"exported {path} (iteration {meta['iteration']}, plan generation {meta['plan']['generation']}) "
+        f"to {args.hf}: config.json, {os.path.basename(weights)} ({params} parameters, fp32)"
     )
     return 0

@@ -90,6 +90,9 @@ def describe(ev: dict, plans: dict[int, dict] | None = None) -> str:
         return f"the {ev.get('fault')} fault of {where} ended after {ev.get('lasted_s', 0):.1f} s"
     if kind == "checkpoint":
         return f"wrote {ev.get('path')}"
+    if kind == "restart":
+        n, k = len(ev.get("devices", [])), ev.get("to_iter")
+        return f"no live copy left: restarting from {ev.get('checkpoint')} (iteration {k}) on {n} devices"
     if kind == "snapshot-restore":
         return f"state of lost devices {ev.get('lost')} restored from snapshots on {where}"
     if kind == "job-failed":

@@ -40,27 +40,38 @@ from resihp.core.shard_layout import (  # noqa: F401  (re-exported: `resihp.mode
 )
 
 
-def owned_sq_sum(
-    spec: ModelSpec, name: str, shard: torch.Tensor, tp_split, ffn_split, rank: int
-) -> torch.Tensor:
-    """Sum of squares of the elements of `shard` that TP rank `rank` owns alone: the ranks of a
-    stage partition each full tensor this way, so the sum over ranks counts every element once.
+def owned_range(spec: ModelSpec, name: str, tp_split, ffn_split, rank: int) -> tuple[int, int, int] | None:
+    """(dim, start, stop) in the full tensor of the elements of shard `rank` that TP rank `rank` owns
+    alone; None when it owns none. The ranks of a stage partition each full tensor this way.
 
     Sharded query / FFN rows and columns belong to their only holder; a kv head held by several
     shards (its query group straddles them) to the lowest; a replicated tensor (norms, embedding,
-    LM head) to rank 0. Used for the global gradient norm (`exec/optim.py`).
+    LM head) to rank 0, whole. Used for the global gradient norm (`owned_sq_sum`) and for the
+    disjoint chunks of a checkpoint (`runtime/state/chunks.py`).
     """
     tp_split, ffn_split = normalize_split(spec, tp_split, ffn_split)
     rule = _rule(name)
     if rule is None:
-        return shard.pow(2).sum() if rank == 0 else shard.new_zeros(())
-    dim, by = rule
-    if by == "kv" and rank > 0:
-        k0, k1 = kv_range(spec, tp_split, rank)
-        first = max(k0, kv_range(spec, tp_split, rank - 1)[1])  # lower ranks hold kv heads < this
-        hd = spec.head_dim
-        shard = shard.narrow(dim, (first - k0) * hd, (k1 - first) * hd)
-    return shard.pow(2).sum()
+        return (0, 0, full_shape(spec, name)[0]) if rank == 0 else None
+    dim, a, b = _index(spec, name, tp_split, ffn_split, rank)
+    if rule[1] == "kv" and rank > 0:  # lower ranks own the kv heads below their stop
+        a = max(a, _index(spec, name, tp_split, ffn_split, rank - 1)[2])
+    return (dim, a, b) if b > a else None
+
+
+def owned_sq_sum(
+    spec: ModelSpec, name: str, shard: torch.Tensor, tp_split, ffn_split, rank: int
+) -> torch.Tensor:
+    """Sum of squares of the elements of `shard` that TP rank `rank` owns alone (`owned_range`), so
+    that the sum over the ranks of a stage counts every element once. Used for the global gradient
+    norm (`exec/optim.py`)."""
+    own = owned_range(spec, name, tp_split, ffn_split, rank)
+    if own is None:
+        return shard.new_zeros(())
+    dim, a, b = own
+    held = shard_range(spec, name, tp_split, ffn_split, rank)
+    start = 0 if held is None else held[1]
+    return shard.narrow(dim, a - start, b - a).pow(2).sum()
 
 
 def slice_tensor(

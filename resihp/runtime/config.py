@@ -41,6 +41,7 @@ TOML layout (every key optional; defaults = the embedded default job):
     faults = "faults.toml"       # optional: [[faults]] to inject (runtime/faults.py)
     checkpoint_every = 0         # optional: save the committed state every N iterations (0: off)
     checkpoint_dir = "ckpt"      # where (runtime/state/checkpoint.py); `resihp train --resume DIR`
+    keep_checkpoints = 3         # optional: keep the newest K complete checkpoints (default: all)
     snapshots = false            # in-memory peer snapshots: survive losing every replica of a stage
     link_mb_per_s = 0.0          # nominal P2P bandwidth, MB/s: a block of B bytes takes >= B/bw (0: off)
     heartbeat_timeout_s = 3.0    # a worker silent this long is hung: killed, then a fail-stop (1 to 60)
@@ -112,6 +113,7 @@ SECTIONS: dict[str, dict[str, str]] = {
         "faults": "faults",
         "checkpoint_every": "checkpoint_every",
         "checkpoint_dir": "checkpoint_dir",
+        "keep_checkpoints": "keep_checkpoints",
         "snapshots": "snapshots",
         "link_mb_per_s": "link_mb_per_s",
         "heartbeat_timeout_s": "heartbeat_timeout_s",
@@ -161,6 +163,7 @@ class TrainConfig:
     faults: str | None = None
     checkpoint_every: int = 0
     checkpoint_dir: str | None = None
+    keep_checkpoints: int | None = None
     snapshots: bool = False
     link_mb_per_s: float = 0.0
     heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S
@@ -231,6 +234,9 @@ class TrainConfig:
             raise ValueError(f"run.checkpoint_dir = {self.checkpoint_dir!r}: must be a directory path")
         if v and not self.checkpoint_dir:
             raise ValueError("run.checkpoint_every needs run.checkpoint_dir")
+        k = self.keep_checkpoints
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+            raise ValueError(f"run.keep_checkpoints = {k!r}: must be an integer >= 1 (omit it: keep all)")
         for name in ("lr", "weight_decay"):
             if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int | float):
                 raise ValueError(f"{_WHERE[name]} = {getattr(self, name)!r}: must be a number")
@@ -346,6 +352,7 @@ class TrainConfig:
             link_mb_per_s=float(self.link_mb_per_s),
             checkpoint_every=self.checkpoint_every,
             checkpoint_dir=self.checkpoint_dir,
+            keep_checkpoints=self.keep_checkpoints,
             resume=resume,
             snapshots=self.snapshots,
             device=self.device,

@@ -103,6 +103,7 @@ class JobSpec:
     # `start_iteration` is its iteration, and the optimizer step count is absolute).
     checkpoint_every: int = 0
     checkpoint_dir: str | None = None
+    keep_checkpoints: int | None = None  # retention: the newest K complete checkpoints (None: all)
     resume: str | None = None
     snapshots: bool = False  # keep a peer's committed shard in memory (state/snapshot.py)
     # A Hugging Face model (`[model] hf`): `weights`, the directory whose safetensors each worker

@@ -95,11 +95,11 @@ def run_training(
         plan = config.plan()
     start = 0
     workload = config.workload()
-    if resume is not None:
-        from .state.checkpoint import load_meta, resolve
+    if resume is not None:  # verified here, before any process starts (`state.verify`)
+        from .state.verify import check_model, newest_usable
 
-        resume = resolve(resume)
-        meta = load_meta(resume)
+        resume, meta = newest_usable(resume)
+        check_model(meta, plan.model, f"--resume {resume}")
         start = meta["iteration"]
         if start >= config.iterations:
             raise ValueError(
@@ -131,6 +131,8 @@ def run_training(
 
     def on_commit(it: int, current: Plan, reached: list[Reached]) -> None:
         row = iteration_row(current, workload.seq_len, it, reached)
+        while rows and rows[-1]["iter"] >= it:  # a restart from a checkpoint (adapt/restart.py) re-ran it
+            rows.pop()
         rows.append(row)
         bar.update(row, row["samples"] / max(row["time_s"], 1e-9))
 

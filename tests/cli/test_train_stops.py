@@ -166,8 +166,9 @@ def test_sigkill_of_the_main_process_leaves_quiet_children_that_exit(tmp_path):
 def test_live_events_are_printed_one_line_each_in_order(tmp_path):
     """tp1 x pp2 x dp2; device 3 stops at iteration 2 and re-joins at 5, a checkpoint every 3: each
     event of the JSON (but the state transfers) is one plain line on stderr as it happens, in the
-    JSON's order, and the fail-stop is followed by its recovery; the summary counts the events and
-    states the final layout."""
+    JSON's order, and the fail-stop is followed by its recovery; a checkpoint, written in the
+    background, is reported once on disk: after the progress line of its last iteration, in order
+    among the checkpoints; the summary counts the events and states the final layout."""
     faults = tmp_path / "faults.toml"
     faults.write_text(
         "[[faults]]\nkind = 'stop'\ndevice = 3\nat_iter = 2\n"
@@ -180,9 +181,15 @@ def test_live_events_are_printed_one_line_each_in_order(tmp_path):
     stdout, stderr = proc.communicate(timeout=240)
     assert proc.returncode == 0, stderr
     run = json.loads(out_json.read_text())
-    shown = [line.split()[:3] for line in stderr.splitlines() if not line.startswith("iter ")]
+    lines = stderr.splitlines()
+    shown = [line.split()[:3] for line in lines if not line.startswith("iter ")]
     want = [[e["kind"], "iter", f"{e['iter']}:"] for e in run["events"] if e["kind"] != "state-transfer"]
-    assert [s for s in shown if s[0] != "recovered"] == want, stderr
+    assert [s for s in shown if s[0] not in ("recovered", "checkpoint")] == [
+        w for w in want if w[0] != "checkpoint"
+    ], stderr
+    saved = [i for i, line in enumerate(lines) if line.startswith("checkpoint")]
+    assert [lines[i].split()[2] for i in saved] == ["3:", "6:"], stderr
+    assert all(any(ln.startswith(f"iter {k}/7 ") for ln in lines[:i]) for k, i in zip((3, 6), saved)), stderr
     assert (
         shown.index(["recovered", "iter", "2:"]) == shown.index(["fail-stop", "iter", "2:"]) + 2
     )  # after the replan

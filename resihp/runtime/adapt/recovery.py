@@ -22,6 +22,9 @@ from resihp.sched.context import PlanningContext
 from ..job import JobSpec, WorkerFailed
 from ..state.snapshot import holders
 from .reconfig import replan_after_stop
+from .restart import Restart, plan_restart
+
+SNAPSHOT_ADVICE = "run.snapshots = true keeps an in-memory copy of every stage on a peer; "
 
 
 def plan_after_stop(
@@ -35,7 +38,7 @@ def plan_after_stop(
     policy: Policy | None,
     emit,
     pids: list[int],
-) -> tuple[Plan, str, tuple | None]:
+) -> tuple[Plan, str, tuple | Restart | None]:
     """The next generation's plan over the survivors `members` after `dead` stopped at iteration
     `it`, the policy's reason, and its `source`: (generation, plan) whose held state the members
     transfer from, None to start from the seed / checkpoint.
@@ -44,9 +47,10 @@ def plan_after_stop(
     `joined` generation -> members that completed its join. Every tensor must be covered by the
     live shards of the source state, across replicas and TP splits (`transfer_plan.cover_gaps`);
     with `job.snapshots` the snapshots of lost devices count (event `snapshot-restore`, handed to
-    `emit`, when they are needed), else WorkerFailed
-    (carrying `pids`) naming the layers no survivor holds; WorkerFailed too when no plan runs on the
-    survivors (every replica lost a stage and the policy has no answer).
+    `emit`, when they are needed). Without a cover, the job restarts from its newest checkpoint
+    (`restart.plan_restart`: the source is then a `Restart`), else WorkerFailed (carrying `pids`)
+    naming the layers no survivor holds; WorkerFailed too when no plan runs on the survivors (every
+    replica lost a stage and the policy has no answer).
     """
     # the state survivors hold: of cur, or of an earlier generation when cur's rebuild failed
     src = source_generation([p.devices() for p in plans], joined, members)
@@ -56,18 +60,16 @@ def plan_after_stop(
         hold = holders(base) if job.snapshots else {}
         copies = {d: hold[d] for d in lost if hold.get(d) in members}
         gaps = cover_gaps(base, members, copies)
-        if gaps:  # no complete cover, even with the snapshots
-            keep = (
-                ""
-                if job.snapshots
-                else " (run.snapshots = true keeps an in-memory copy of every stage on a peer)"
-            )
-            raise WorkerFailed(
+        if gaps:  # no complete cover, even with the snapshots: the newest checkpoint, if any
+            keep = "" if job.snapshots else SNAPSHOT_ADVICE
+            failed = WorkerFailed(
                 f"devices {dead} stopped at iteration {it} and took out every copy of "
-                f"{lost_layers(base, members, copies) or gaps[0]}{keep}",
+                f"{lost_layers(base, members, copies) or gaps[0]} ({keep}with checkpoints the job "
+                "restarts from the newest)",
                 dead,
                 pids,
             )
+            return plan_restart(ctx, base, members, it, job, policy, emit, failed)
         emit({"iter": it, "kind": "snapshot-restore", "devices": sorted(set(copies.values())), "lost": lost})
     try:
         new, reason = replan_after_stop(ctx, base, members, policy, absorb=job.snapshots)

@@ -10,10 +10,10 @@ process per node (`agent.py`) spawns, watches, kills and reaps that node's membe
   resolved there (`faults.TimedFaults`, on a clock that starts at the first `go`).
 * Liveness (`processes.py`): a member silent for `heartbeat_timeout_s` is killed, a node whose
   agent died or went silent is fenced; either way its devices become fail-stops.
-* Fail-stop: the first death writes `ABORT` for the iteration in flight (and any generation before
-  its rendezvous); once the failure is quiescent (`failover.Failover`) the scheduler plans g+1 over
-  the survivors (`reconfig.replan_after_stop`). A failed collective while no process died, or a
-  member error, ends the job with `WorkerFailed` (every child reaped).
+* Fail-stop: the first death writes `ABORT` for the iteration in flight (and any generation before its
+  rendezvous); once quiescent (`failover.Failover`) the scheduler plans g+1 over the survivors
+  (`reconfig.replan_after_stop`; from the newest checkpoint when no live copy is left: `adapt/restart.py`).
+  A failed collective while no process died, or a member error, ends the job (`WorkerFailed`).
 * Join barrier: members of g start its gloo rendezvous once `go/{g}` says so (every member arrived,
   alive); a death first supersedes g (`Gate.ABORT`). The next generation transfers from the last
   one every survivor joined (`recovery.source_generation`).
@@ -22,8 +22,8 @@ process per node (`agent.py`) spawns, watches, kills and reaps that node's membe
   next turn of the loop) is torn down in order and ends with a `job-failed` / `interrupted` event;
   the exception carries what the run had (`output`).
 
-Every message is handled by one method `on_<kind>` through the one dispatch table
-(`Processes.dispatch`, `protocol.Dispatch`): a kind without a handler raises.
+Every message has its one method `on_<kind>` in the one dispatch table (`Processes.dispatch`,
+`protocol.Dispatch`); a kind without one raises.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from resihp.sched.ours import ResiHP
 
 from ..adapt.reconfig import grow_plan, planning_context, replan_after_slow
 from ..adapt.recovery import advice, mark_noticed, plan_after_stop
+from ..adapt.restart import Restart, rewind
 from ..adapt.slowwatch import slow_event, watch_job
 from ..faults import FaultEnd, TimedFaults, end_event
 from ..job import Interrupted, JobSpec, WorkerFailed
@@ -162,7 +163,7 @@ class Controller:
         self.joined: dict[int, list[Joined]] = {}  # generation -> its members' `Joined` messages
         self.finished = False  # the last iteration is committed
         self.watch = watch_job(self.plans, job) if detect_slow and job.timing else None
-        self.saved: dict[int, set[int]] = {}  # checkpoint iteration -> devices that wrote their shards
+        self.saved: dict[tuple, set[int]] = {}  # (generation, iteration) -> savers that wrote
         liveness = Liveness(heartbeat_timeout_s, start_timeout_s)
         self.procs = Processes(
             transport, self.results, liveness, devices_per_node, heartbeat_timeout_s, start_timeout_s,
@@ -232,18 +233,18 @@ class Controller:
         }
 
     def context(self):
-        """What the policy plans for: generation 0's plan and the workload on this run's node layout,
-        of the hardware the watch calibrated (the `cpu` preset until then), `reconfig.planning_context`."""
+        """What the policy plans for (`reconfig.planning_context`): generation 0's plan and workload, on
+        this run's nodes, of the hardware the watch calibrated (the `cpu` preset until then)."""
         hardware = None if self.watch is None else self.watch.hardware
         return planning_context(self.plan, self.job.workload, self.devices_per_node, hardware)
 
-    def publish(self, new: Plan, start: int, reason: str = "planned", source: tuple | None = None) -> None:
+    def publish(self, new: Plan, start: int, reason: str = "planned", source=None, restore=None) -> None:
         """Generation g+1 (the controller alone numbers plans); `source`: (generation, plan) whose
-        held state the members transfer from."""
+        held state the members transfer from; `restore`: else a checkpoint they load."""
         self.gen, self.cur = self.gen + 1, new.with_changes(generation=self.gen + 1)
-        gen, cur = self.gen, self.cur
+        gen, cur, faults = self.gen, self.cur, tuple(self.timed.faults)
         self.plans.append(cur)
-        body = Generation(gen, cur, tuple(sorted(self.members)), start, source, tuple(self.timed.faults))
+        body = Generation(gen, cur, tuple(sorted(self.members)), start, source, faults, restore)
         self.bodies[gen] = body
         self.barrier.open(gen, self.members)
         self.board.publish(body, gen)
@@ -272,15 +273,16 @@ class Controller:
             )
 
     def recover(self) -> None:
-        """The failure is quiescent: publish generation g+1 over the survivors
-        (`recovery.plan_after_stop`); the recovery measurement starts (or goes on)."""
+        """The failure is quiescent: publish generation g+1 over the survivors (`recovery.plan_after_stop`;
+        from a checkpoint, `restart.py`); the recovery measurement starts (or goes on)."""
         t0 = time.perf_counter()
         new, reason, source = plan_after_stop(
             self.context(), self.plans, self.joined_devs, self.members, self.fails.open.dead, self.it,
             self.job, self.policy, self.log.emit, self.procs.agents.pids,
         )  # fmt: skip
         plan_s = time.perf_counter() - t0
-        self.publish(new, self.it, reason, source)
+        restore = rewind(self, source) if isinstance(source, Restart) else None  # (no live copy left)
+        self.publish(new, self.it, reason, None if restore else source, restore)
         self.fails.replanned(self.procs.stopping, plan_s, self.gen)
 
     def release(self) -> None:
@@ -333,8 +335,7 @@ class Controller:
             self.board.publish(None, self.gen + 1)  # standby members: stop
 
     def handlers(self) -> dict:
-        """The member half of the dispatch table (`Processes.dispatch` adds the agents' reports):
-        kind -> `on_<kind name>`."""
+        """The member half of the dispatch table (`Processes.dispatch` adds the agents')."""
         return {kind: getattr(self, f"on_{kind.name.lower()}") for kind in FROM_MEMBER}
 
     def on_error(self, msg: Error) -> None:
@@ -386,11 +387,10 @@ class Controller:
 
     def on_saved(self, msg: Saved) -> None:
         """A checkpoint is complete once every saver of its plan wrote."""
-        got = self.saved.setdefault(msg.iter, set())
+        got, wrote = self.saved.setdefault((msg.generation, msg.iter), set()), self.plans[msg.generation]
         got.add(msg.device)
-        wrote = self.plans[msg.generation]
         if got == set(savers(wrote)):
-            path = write_meta(self.job.checkpoint_dir, msg.iter, wrote, self.job)
+            path = write_meta(self.job.checkpoint_dir, msg.iter, wrote, self.job, self.job.keep_checkpoints)
             self.log.emit({"iter": msg.iter, "kind": "checkpoint", "path": path})
 
     def on_state(self, msg: State) -> None:

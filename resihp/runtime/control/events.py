@@ -1,7 +1,7 @@
 """The run's events: the one place the controller makes them, hands them on as they happen, keeps them.
 
 Every event of a run (docs/runtime.md, "Events": `inject-*`, `fault-end`, `fail-stop`, `fail-slow`,
-`link-slow`, `replan`, `state-transfer`, `snapshot-restore`, `rejoin`, `checkpoint`, and the last
+`link-slow`, `replan`, `state-transfer`, `snapshot-restore`, `restart`, `rejoin`, `checkpoint`, and the last
 event of a job that stopped early, `job-failed` or `interrupted`) is made by `EventLog.emit`, which
 keeps it (`events`, in the order made) and hands it to the live callback `on_event(event, plans)`
 — `resihp train` prints it (`runtime/live.py`). The one event completed later, a `fail-stop` whose

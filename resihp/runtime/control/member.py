@@ -60,7 +60,7 @@ from ..exec.groups import build_groups
 from ..exec.iteration import Hooks
 from ..exec.worker import Worker
 from ..faults import faults_at, join_stop
-from ..state.checkpoint import load_init, save_shard
+from ..state.checkpoint import Saver, load_init
 from ..state.snapshot import Keeper
 from ..state.transfer import holding_of, transfer
 from .abort import (
@@ -179,6 +179,7 @@ def _run(
     held: dict[int, tuple] = {}
     teardown_s = 0.0  # leaving the previous generation: holding copy, group destruction
     faults = list(gen.faults)  # every fault resolved so far (iteration-keyed), updated in place
+    saver = Saver()  # checkpoint writes in the background, across generations
     while gen is not None:
         g, plan, it = gen.generation, gen.plan, gen.start
         faults[:] = gen.faults
@@ -223,8 +224,8 @@ def _run(
                     source[1], holding, plan, device, ranks, steps, old_snaps, dev, node, it
                 )
                 planned = moved.figures()
-            elif job.resume:  # a whole-job restart: state from the checkpoint
-                init = load_init(job.resume, plan, device)
+            elif gen.restore or job.resume:  # a whole-job restart: state from the checkpoint
+                init = load_init(gen.restore or job.resume, plan, device)
             t2 = time.perf_counter()
             commits = Commits(g, device, faults, board, results, heart)
             worker = None
@@ -252,7 +253,7 @@ def _run(
             Joined(device, g, teardown_s, t1 - t0, t2 - t1, time.perf_counter() - t2, received, planned)
         )
         at = guard.at if nccl else None
-        leave = "standby" if worker is None else _iterate(worker, commits, it, end, keeper, at)
+        leave = "standby" if worker is None else _iterate(worker, commits, it, end, keeper, at, saver)
         if nccl:
             guard.at(None)
         t_left = time.perf_counter()
@@ -269,6 +270,8 @@ def _run(
         if leave == "end":
             break
         gen = board.generation(g + 1)
+    for k, g_saved in saver.wait():  # every checkpoint write is on disk before the member is done
+        results.send(Saved(device, g_saved, k))
     results.send(Done(device))
 
 
@@ -324,11 +327,16 @@ class Commits:
         return faults_at(self.faults, self.device, k)[2]
 
 
-def _iterate(worker: Worker, commits: Commits, it: int, end: int, keeper: Keeper | None, at=None) -> str:
+def _iterate(
+    worker: Worker, commits: Commits, it: int, end: int, keeper: Keeper | None, at=None,
+    saver: Saver | None = None,
+) -> str:  # fmt: skip
     """Run and commit iterations from `it`; returns why the generation ends: next | abort | end.
     With `job.snapshots`, `keeper` refreshes the snapshots after every committed step, on its side
-    thread (`snapshot.Keeper`), and is settled before the next iteration runs. `at(g, it)`: told
-    the iteration that starts (the NCCL member's `AbortWatch`)."""
+    thread (`snapshot.Keeper`), and is settled before the next iteration runs; with
+    `job.checkpoint_every`, `saver` writes checkpoints in the background and `Saved` is sent for
+    each once its files are on disk. `at(g, it)`: told the iteration that starts (the NCCL
+    member's `AbortWatch`)."""
     device, g, results, heart = worker.device, commits.g, commits.results, commits.heart
     while it < end:
         if keeper is not None:  # the last commit's snapshots are with their holders before it runs on
@@ -351,8 +359,9 @@ def _iterate(worker: Worker, commits: Commits, it: int, end: int, keeper: Keeper
         it += 1
         every = worker.job.checkpoint_every
         if every and it % every == 0:  # the step of iteration it - 1 is committed: save it
-            if save_shard(worker.job.checkpoint_dir, it, worker.plan, device, holding_of(worker)):
-                results.send(Saved(device, g, it))
+            saver.save(worker.job.checkpoint_dir, it, g, worker.plan, device, holding_of(worker))
+        for k, g_saved in saver.poll() if saver is not None else ():
+            results.send(Saved(device, g_saved, k))
         if keeper is not None:
             keeper.refresh(holding_of(worker, copy=False), it)
         if commits.verdict is Verdict.NEXT:

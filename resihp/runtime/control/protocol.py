@@ -319,7 +319,9 @@ def decision_key(generation: int, it: int) -> str:
 class Generation:
     """Generation `generation` (published under `plan/{g}`): its Plan, its members (plan and standby
     devices, ranked in ascending id), the iteration it starts at, `source` = (generation, plan) whose
-    held state it starts from (None: the seed or the checkpoint), and every fault resolved so far."""
+    held state it starts from (None: the seed or a checkpoint), every fault resolved so far, and
+    `restore`: the checkpoint it loads when the job restarts from one (`adapt/restart.py`; None: the
+    seed or the `--resume` checkpoint when `source` is None)."""
 
     generation: int
     plan: Plan
@@ -327,6 +329,7 @@ class Generation:
     start: int
     source: tuple[int, Plan] | None
     faults: tuple[FaultSpec | FaultEnd, ...]
+    restore: str | None = None
 
 
 class Gate(Enum):
