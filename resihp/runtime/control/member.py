@@ -244,6 +244,7 @@ def _run(
             worker = groups = init = keeper = None
             if nccl:
                 guard.at(None)
+            _saved(saver, results, device)
             _teardown(nccl, True, abort, on_hang)
             results.send(Abort(device, g, it, failed))
             gen = board.generation(g + 1)
@@ -265,14 +266,21 @@ def _run(
         # Drop every reference to this generation's groups before destroying them: the sockets
         # close, and peers still blocked on this member fail at once (the abort cascade).
         worker = groups = keeper = None
+        _saved(saver, results, device)
         _teardown(nccl, leave == "abort", abort, on_hang)
         teardown_s = time.perf_counter() - t_left
         if leave == "end":
             break
         gen = board.generation(g + 1)
-    for k, g_saved in saver.wait():  # every checkpoint write is on disk before the member is done
-        results.send(Saved(device, g_saved, k))
     results.send(Done(device))
+
+
+def _saved(saver: Saver, results, device: int) -> None:
+    """Wait for the checkpoint writes in flight and report them: before the default process group
+    is destroyed (DCP's writer thread asks it for its log lines and fails if it goes away under it)
+    and before the member is done."""
+    for k, g_saved in saver.wait():
+        results.send(Saved(device, g_saved, k))
 
 
 def fail_now(fault, device: int, it: int, results: Channel, heart: HeartbeatThread | None = None) -> None:
