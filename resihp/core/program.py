@@ -137,101 +137,123 @@ def _greedy_orders(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> t
     deadlock-free under any timing.
     """
     sched = get_schedule(plan.schedule)
+    dp = plan.dp
     last = [len(st) - 1 for st in plan.replicas]
     keys = list(work)
     index = {g: k for k, g in enumerate(keys)}
-    # Per group (by index): one record [heap of ready F micro-batches, live count, live limit] per
-    # source replica; B and W ready chunks as heaps of (j, src).
-    sources: list[dict[int, list]] = []
+    # A chunk's (j, src) is coded c = j * dp + src: ints order as the (j, src) tuples do.
+    # at[src][i][j]: index of the group that runs stage i of (src, j).
+    at = [
+        [[index.get((src, i), -1)] * plan.microbatches[src] for i in range(len(stages))]
+        for src, stages in enumerate(plan.replicas)
+    ]
+    for (src, j, i), d in plan._exec.items():
+        at[src][i][j] = index[(d, i)]
+    # Per group: one record [heap of ready F codes, live count, live limit] per source replica
+    # (`recs`, and `by_src` by source index); B and W ready chunks as heaps of codes.
+    recs: list[list[list]] = []
+    by_src: list[list] = []
     for g, items in work.items():
         count: dict[int, int] = {}
         for _, src in items:
             count[src] = count.get(src, 0) + 1
         p = len(plan.replicas[g[0]])
-        recs = {src: [[], 0, sched.live(n, g[1], p)] for src, n in count.items()}
+        own = {src: [[], 0, sched.live(n, g[1], p)] for src, n in count.items()}
         if g[1] == 0:
-            for j, src in items:
-                recs[src][0].append(j)
-            for rec in recs.values():
-                heapq.heapify(rec[0])
-        sources.append(recs)
-    ready_b: list[list] = [[] for _ in keys]
-    ready_w: list[list] = [[] for _ in keys]
+            for j, src in items:  # sorted by (j, src): each heap is a sorted list
+                own[src][0].append(j * dp + src)
+        recs.append(list(own.values()))
+        by_src.append([own.get(src) for src in range(dp)])
+    n = len(keys)
+    ready_b: list[list[int]] = [[] for _ in keys]
+    ready_w: list[list[int]] = [[] for _ in keys]
     grad_kind = sched.grad_kind
     one_f_one_b = sched.list_w_follows_b
     # 1F1B runs each W right after its B (`forced`), so W is never picked on its own there.
     preference = sched.list_preference
     orders: list[list[Chunk]] = [[] for _ in keys]
     rounds: list[list[int]] = [[] for _ in keys]
-    forced: list[tuple[int, int] | None] = [None] * len(keys)
+    forced = [-1] * n
     stage = [g[1] for g in keys]
     total = sum(3 * len(v) for v in work.values())
     done = now = 0
-    moved = plan._exec  # (src, j, stage) -> executing replica, for migrated chunks only
     heappush, heappop = heapq.heappush, heapq.heappop
 
-    def at(src: int, j: int, i: int) -> int:
-        """Index of the group that runs stage i of (src, j)."""
-        return index[(moved.get((src, j, i), src), i)]
-
-    active = {k: None for k, g in enumerate(keys) if g[1] == 0}  # groups that may have work
+    # Groups that may have work (every group with a chunk it could start is in it); `on` marks them.
+    active = [k for k in range(n) if stage[k] == 0]
+    on = [False] * n
+    for k in active:
+        on[k] = True
     while done < total:
-        finished: list[tuple[int, int, int, int]] = []
-        for k in list(active):
-            key = forced[k]
-            if key is not None:
-                forced[k] = None  # 1F1B: the W of the B just run (never queued)
+        finished: list[tuple[int, int, int, int, int]] = []  # (kind, group, code, src, j)
+        still: list[int] = []
+        for k in active:
+            c = forced[k]
+            if c >= 0:
+                forced[k] = -1  # 1F1B: the W of the B just run (never queued)
                 kind = W
+                by_src[k][c % dp][1] -= 1
             else:
-                best = None  # the ready F of lowest (micro-batch, source) whose source has room
-                for src, rec in sources[k].items():
+                best = -1  # the ready F of lowest code whose source has room
+                for rec in recs[k]:
                     h = rec[0]
-                    if h and rec[1] < rec[2] and (best is None or (h[0], src) < best):
-                        best = (h[0], src)
-                kind = None
+                    if h and rec[1] < rec[2] and (best < 0 or h[0] < best):
+                        best, room = h[0], rec
+                kind = -1
                 for kd in preference:
                     if kd == F:
-                        key = best
+                        if best >= 0:
+                            kind = F
+                            heappop(room[0])
+                            room[1] += 1
+                            c = best
+                            break
+                    elif kd == B:
+                        heap = ready_b[k]
+                        if heap:
+                            kind = B
+                            c = heappop(heap)
+                            if one_f_one_b:
+                                forced[k] = c
+                            break
                     else:
-                        heap = ready_b[k] if kd == B else ready_w[k]
-                        key = heap[0] if heap else None
-                    if key is not None:
-                        kind = kd
-                        break
-                if kind is None:
-                    del active[k]
+                        heap = ready_w[k]
+                        if heap:
+                            kind = W
+                            c = heappop(heap)
+                            by_src[k][c % dp][1] -= 1
+                            break
+                if kind < 0:
+                    on[k] = False
                     continue
-                if kind == F:
-                    heappop(sources[k][key[1]][0])
-                else:
-                    heappop(ready_b[k] if kind == B else ready_w[k])
-            j, src = key
+            j, src = divmod(c, dp)
             orders[k].append((kind, src, j))
             rounds[k].append(now)
-            if kind == F:
-                sources[k][src][1] += 1
-            elif kind == W:
-                sources[k][src][1] -= 1
-            elif one_f_one_b:
-                forced[k] = key
-            finished.append((kind, src, j, stage[k]))
+            still.append(k)
+            finished.append((kind, k, c, src, j))
         assert finished, "list scheduling stalled: no group could start a chunk"
         done += len(finished)
         now += 1
-        for kind, src, j, i in finished:
+        for kind, k, c, src, j in finished:
+            i = stage[k]
             if kind == F:
                 if i < last[src]:
-                    nxt = at(src, j, i + 1)
-                    heappush(sources[nxt][src][0], j)
-                    active[nxt] = None
+                    t = at[src][i + 1][j]
+                    heappush(by_src[t][src][0], c)
+                    if not on[t]:
+                        on[t] = True
+                        still.append(t)
                 else:
-                    heappush(ready_b[at(src, j, i)], (j, src))
+                    heappush(ready_b[k], c)  # k runs every stage-i chunk of (src, j)
             elif kind == B and not one_f_one_b:
-                heappush(ready_w[at(src, j, i)], (j, src))
+                heappush(ready_w[k], c)
             if kind == grad_kind and i > 0:
-                up = at(src, j, i - 1)
-                heappush(ready_b[up], (j, src))
-                active[up] = None
+                t = at[src][i - 1][j]
+                heappush(ready_b[t], c)
+                if not on[t]:
+                    on[t] = True
+                    still.append(t)
+        active = still
     orders = dict(zip(keys, orders))
     rounds = dict(zip(keys, rounds))
     return orders, rounds
@@ -271,18 +293,30 @@ def _size(program: Program) -> int:
     return 3 * program.plan.global_microbatches * max(len(s) for s in program.plan.replicas)
 
 
-def _compile(plan: Plan) -> Program:
+def _work(plan: Plan) -> dict[GroupKey, list[tuple[int, int]]]:
+    """Per non-hollow group (replica, stage), in plan order: the (j, src) micro-batches it runs
+    at its stage, sorted."""
+    moved: dict[tuple[int, int], set[int]] = {}  # (src, stage) -> micro-batches run elsewhere
+    for src, j, i, _ in plan.assignment:
+        moved.setdefault((src, i), set()).add(j)
     work: dict[GroupKey, list[tuple[int, int]]] = {}
     for d, stages in enumerate(plan.replicas):
+        m = plan.microbatches[d]
         for i, st in enumerate(stages):
             if not st.hollow:
-                work[(d, i)] = []
-    for src, stages in enumerate(plan.replicas):
-        for j in range(plan.microbatches[src]):
-            for i in range(len(stages)):
-                work[(plan.executor(src, j, i), i)].append((j, src))
-    for items in work.values():
-        items.sort()
+                out = moved.get((d, i))
+                work[(d, i)] = [(j, d) for j in range(m) if out is None or j not in out]
+    arrived = set()
+    for src, j, i, dst in plan.assignment:
+        work[(dst, i)].append((j, src))
+        arrived.add((dst, i))
+    for g in arrived:
+        work[g].sort()
+    return work
+
+
+def _compile(plan: Plan) -> Program:
+    work = _work(plan)
     rounds = None
     if plan.assignment:
         chunks, rounds = _greedy_orders(plan, work)
