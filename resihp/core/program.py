@@ -185,75 +185,79 @@ def _greedy_orders(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> t
     for k in active:
         on[k] = True
     while done < total:
-        finished: list[tuple[int, int, int, int, int]] = []  # (kind, group, code, src, j)
-        still: list[int] = []
+        ran_f: list[tuple[int, int, int, int]] = []  # (group, code, src, j) per kind run this round
+        ran_b: list[tuple[int, int, int, int]] = []
+        ran_w: list[tuple[int, int, int, int]] = []
+        idle = False
         for k in active:
             c = forced[k]
             if c >= 0:
                 forced[k] = -1  # 1F1B: the W of the B just run (never queued)
-                kind = W
+                kind, ran = W, ran_w
                 by_src[k][c % dp][1] -= 1
             else:
-                best = -1  # the ready F of lowest code whose source has room
-                for rec in recs[k]:
-                    h = rec[0]
-                    if h and rec[1] < rec[2] and (best < 0 or h[0] < best):
-                        best, room = h[0], rec
-                kind = -1
                 for kd in preference:
-                    if kd == F:
-                        if best >= 0:
-                            kind = F
-                            heappop(room[0])
-                            room[1] += 1
-                            c = best
-                            break
-                    elif kd == B:
+                    if kd == B:
                         heap = ready_b[k]
                         if heap:
-                            kind = B
+                            kind, ran = B, ran_b
                             c = heappop(heap)
                             if one_f_one_b:
                                 forced[k] = c
                             break
+                    elif kd == F:
+                        c = -1  # the ready F of lowest code whose source has room
+                        for rec in recs[k]:
+                            h = rec[0]
+                            if h and rec[1] < rec[2] and (c < 0 or h[0] < c):
+                                c, room = h[0], rec
+                        if c >= 0:
+                            kind, ran = F, ran_f
+                            heappop(room[0])
+                            room[1] += 1
+                            break
                     else:
                         heap = ready_w[k]
                         if heap:
-                            kind = W
+                            kind, ran = W, ran_w
                             c = heappop(heap)
                             by_src[k][c % dp][1] -= 1
                             break
-                if kind < 0:
+                else:
                     on[k] = False
+                    idle = True
                     continue
             j, src = divmod(c, dp)
             orders[k].append((kind, src, j))
             rounds[k].append(now)
-            still.append(k)
-            finished.append((kind, k, c, src, j))
-        assert finished, "list scheduling stalled: no group could start a chunk"
-        done += len(finished)
+            ran.append((k, c, src, j))
+        ran_n = len(ran_f) + len(ran_b) + len(ran_w)
+        assert ran_n, "list scheduling stalled: no group could start a chunk"
+        done += ran_n
         now += 1
-        for kind, k, c, src, j in finished:
-            i = stage[k]
-            if kind == F:
-                if i < last[src]:
-                    t = at[src][i + 1][j]
-                    heappush(by_src[t][src][0], c)
-                    if not on[t]:
-                        on[t] = True
-                        still.append(t)
-                else:
-                    heappush(ready_b[k], c)  # k runs every stage-i chunk of (src, j)
-            elif kind == B and not one_f_one_b:
+        if idle:
+            active = [k for k in active if on[k]]
+        for k, c, src, j in ran_f:
+            i = stage[k] + 1
+            if i <= last[src]:
+                t = at[src][i][j]
+                heappush(by_src[t][src][0], c)
+                if not on[t]:
+                    on[t] = True
+                    active.append(t)
+            else:
+                heappush(ready_b[k], c)  # k runs every stage-i chunk of (src, j)
+        if not one_f_one_b:
+            for k, c, _, _ in ran_b:
                 heappush(ready_w[k], c)
-            if kind == grad_kind and i > 0:
-                t = at[src][i - 1][j]
+        for k, c, src, j in ran_b if grad_kind == B else ran_w:
+            i = stage[k] - 1
+            if i >= 0:
+                t = at[src][i][j]
                 heappush(ready_b[t], c)
                 if not on[t]:
                     on[t] = True
-                    still.append(t)
-        active = still
+                    active.append(t)
     orders = dict(zip(keys, orders))
     rounds = dict(zip(keys, rounds))
     return orders, rounds
