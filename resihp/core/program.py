@@ -8,19 +8,20 @@ simulator and the runtime read the same Program: the simulator predicts exactly 
 A chunk is (kind, src, j): kind F=0, B=1 (input gradient), W=2 (weight gradient) of micro-batch j
 of source replica `src`, at the group's stage. A group's order follows its schedule's template
 (`core.schedule`) over the group's micro-batches sorted by (j, src). Plans with migrated chunks
-take their orders from a unit-time list-scheduling run instead (`_greedy_orders`), which is
+take their orders from a unit-time list-scheduling run instead (`core.listsched`), which is
 deadlock-free by construction. Each group's ALLREDUCE names the gradient segments its stage holds
 (`core.segments`).
 """
 
 from __future__ import annotations
 
-import heapq
+import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .listsched import list_schedule
 from .plan import Plan
 from .schedule import KIND_NAMES, B, Chunk, F, W, get_schedule
 from .segments import GradSegment, grad_segments
@@ -71,6 +72,18 @@ class Program:
         """The segments group g holds (and reduces at its ALLREDUCE), in layer order."""
         return tuple(seg for seg in self.segments if g in seg.groups)
 
+    def chunk_array(self, g: GroupKey) -> np.ndarray:
+        """Group g's chunks as an (n, 3) int64 array of (kind, src, j) rows in program order
+        (cached and read-only: the evaluator and the memory check share it)."""
+        arrays = self._cache.setdefault("arrays", {})
+        a = arrays.get(g)
+        if a is None:
+            chunks = self.chunks[g]
+            a = np.fromiter(itertools.chain.from_iterable(chunks), np.int64, 3 * len(chunks)).reshape(-1, 3)
+            a.setflags(write=False)
+            arrays[g] = a
+        return a
+
     def live_peaks(self, groups=None) -> dict[GroupKey, int]:
         """Per group (default: all): most micro-batches holding activations (F done, W not yet) in
         its order. Template orders keep exactly `Schedule.live` (tests/core checks it)."""
@@ -80,7 +93,7 @@ class Program:
             return dict(self._cache["live"])
         groups = list(groups)
         sizes = [len(self.chunks[g]) for g in groups]
-        kinds = np.fromiter((c[0] for g in groups for c in self.chunks[g]), np.int64, sum(sizes))
+        kinds = np.concatenate([self.chunk_array(g)[:, 0] for g in groups] or [np.zeros(0, np.int64)])
         held = np.cumsum((kinds == F).astype(np.int64) - (kinds == W))
         starts = np.cumsum([0] + sizes[:-1]) if groups else np.zeros(0, np.int64)
         base = np.where(starts > 0, held[np.maximum(starts - 1, 0)], 0) if len(held) else starts
@@ -117,150 +130,6 @@ class Program:
         out.append(Instr("STEP", stage=i))
         del d
         return out
-
-
-def _greedy_orders(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> tuple[dict, dict]:
-    """Orders for plans with migrated chunks, read off a unit-time list-scheduling run, and the
-    round each chunk started in (a topological numbering of the Program's DAG: a chunk's
-    predecessors all started in earlier rounds).
-
-    Static templates cannot be merged safely when a group serves several source pipelines (its
-    1F1B steady state is offset against theirs and the orders can wait on each other in a cycle).
-    Instead every group, whenever idle, starts a ready chunk of the kind the schedule prefers
-    (`Schedule.list_preference`; 1F1B: a B first, its W right after): an F only while fewer of
-    *that source pipeline's* micro-batches are live than the schedule's template would keep live
-    for that source's micro-batches at this stage (`Schedule.live`); ties go to the lowest
-    (micro-batch, source). The per-source limit lets migrated-in work fill its own pipeline (one
-    shared limit starves both pipelines); the extra live activations are the memory cost of
-    migration, which the simulator reports in its peak memory (and the scheduler's memory check
-    reads off the compiled Program). The orders are an actual execution, so the Program is
-    deadlock-free under any timing.
-    """
-    sched = get_schedule(plan.schedule)
-    dp = plan.dp
-    last = [len(st) - 1 for st in plan.replicas]
-    keys = list(work)
-    index = {g: k for k, g in enumerate(keys)}
-    # A chunk's (j, src) is coded c = j * dp + src: ints order as the (j, src) tuples do.
-    # at[src][i][j]: index of the group that runs stage i of (src, j).
-    at = [
-        [[index.get((src, i), -1)] * plan.microbatches[src] for i in range(len(stages))]
-        for src, stages in enumerate(plan.replicas)
-    ]
-    for (src, j, i), d in plan._exec.items():
-        at[src][i][j] = index[(d, i)]
-    # Per group: one record [heap of ready F codes, live count, live limit] per source replica
-    # (`recs`, and `by_src` by source index); B and W ready chunks as heaps of codes.
-    recs: list[list[list]] = []
-    by_src: list[list] = []
-    for g, items in work.items():
-        count: dict[int, int] = {}
-        for _, src in items:
-            count[src] = count.get(src, 0) + 1
-        p = len(plan.replicas[g[0]])
-        own = {src: [[], 0, sched.live(n, g[1], p)] for src, n in count.items()}
-        if g[1] == 0:
-            for j, src in items:  # sorted by (j, src): each heap is a sorted list
-                own[src][0].append(j * dp + src)
-        recs.append(list(own.values()))
-        by_src.append([own.get(src) for src in range(dp)])
-    n = len(keys)
-    ready_b: list[list[int]] = [[] for _ in keys]
-    ready_w: list[list[int]] = [[] for _ in keys]
-    grad_kind = sched.grad_kind
-    one_f_one_b = sched.list_w_follows_b
-    # 1F1B runs each W right after its B (`forced`), so W is never picked on its own there.
-    preference = sched.list_preference
-    orders: list[list[Chunk]] = [[] for _ in keys]
-    rounds: list[list[int]] = [[] for _ in keys]
-    forced = [-1] * n
-    stage = [g[1] for g in keys]
-    total = sum(3 * len(v) for v in work.values())
-    done = now = 0
-    heappush, heappop = heapq.heappush, heapq.heappop
-
-    # Groups that may have work (every group with a chunk it could start is in it); `on` marks them.
-    active = [k for k in range(n) if stage[k] == 0]
-    on = [False] * n
-    for k in active:
-        on[k] = True
-    while done < total:
-        ran_f: list[tuple[int, int, int, int]] = []  # (group, code, src, j) per kind run this round
-        ran_b: list[tuple[int, int, int, int]] = []
-        ran_w: list[tuple[int, int, int, int]] = []
-        idle = False
-        for k in active:
-            c = forced[k]
-            if c >= 0:
-                forced[k] = -1  # 1F1B: the W of the B just run (never queued)
-                kind, ran = W, ran_w
-                by_src[k][c % dp][1] -= 1
-            else:
-                for kd in preference:
-                    if kd == B:
-                        heap = ready_b[k]
-                        if heap:
-                            kind, ran = B, ran_b
-                            c = heappop(heap)
-                            if one_f_one_b:
-                                forced[k] = c
-                            break
-                    elif kd == F:
-                        c = -1  # the ready F of lowest code whose source has room
-                        for rec in recs[k]:
-                            h = rec[0]
-                            if h and rec[1] < rec[2] and (c < 0 or h[0] < c):
-                                c, room = h[0], rec
-                        if c >= 0:
-                            kind, ran = F, ran_f
-                            heappop(room[0])
-                            room[1] += 1
-                            break
-                    else:
-                        heap = ready_w[k]
-                        if heap:
-                            kind, ran = W, ran_w
-                            c = heappop(heap)
-                            by_src[k][c % dp][1] -= 1
-                            break
-                else:
-                    on[k] = False
-                    idle = True
-                    continue
-            j, src = divmod(c, dp)
-            orders[k].append((kind, src, j))
-            rounds[k].append(now)
-            ran.append((k, c, src, j))
-        ran_n = len(ran_f) + len(ran_b) + len(ran_w)
-        assert ran_n, "list scheduling stalled: no group could start a chunk"
-        done += ran_n
-        now += 1
-        if idle:
-            active = [k for k in active if on[k]]
-        for k, c, src, j in ran_f:
-            i = stage[k] + 1
-            if i <= last[src]:
-                t = at[src][i][j]
-                heappush(by_src[t][src][0], c)
-                if not on[t]:
-                    on[t] = True
-                    active.append(t)
-            else:
-                heappush(ready_b[k], c)  # k runs every stage-i chunk of (src, j)
-        if not one_f_one_b:
-            for k, c, _, _ in ran_b:
-                heappush(ready_w[k], c)
-        for k, c, src, j in ran_b if grad_kind == B else ran_w:
-            i = stage[k] - 1
-            if i >= 0:
-                t = at[src][i][j]
-                heappush(ready_b[t], c)
-                if not on[t]:
-                    on[t] = True
-                    active.append(t)
-    orders = dict(zip(keys, orders))
-    rounds = dict(zip(keys, rounds))
-    return orders, rounds
 
 
 _COMPILED: OrderedDict[tuple, Program] = OrderedDict()  # memo of compile_plan by layout, newest last
@@ -321,9 +190,9 @@ def _work(plan: Plan) -> dict[GroupKey, list[tuple[int, int]]]:
 
 def _compile(plan: Plan) -> Program:
     work = _work(plan)
-    rounds = None
+    cache: dict = {}
     if plan.assignment:
-        chunks, rounds = _greedy_orders(plan, work)
+        chunks, cache["arrays"], cache["rounds"] = list_schedule(plan, work)  # rounds: sim.dag's levels
     else:
         sched = get_schedule(plan.schedule)
         chunks = {
@@ -331,7 +200,4 @@ def _compile(plan: Plan) -> Program:
             for g, items in work.items()
         }
     device_group = {dev: g for g in work for dev in plan.replicas[g[0]][g[1]].devices}
-    program = Program(plan, chunks, device_group)
-    if rounds is not None:
-        program._cache["rounds"] = rounds  # the evaluator's level order (sim.dag)
-    return program
+    return Program(plan, chunks, device_group, cache)

@@ -76,7 +76,7 @@ class Schedule:
     after W; a split one after B (`grad_kind`).
 
     `list_preference` / `list_w_follows_b`: how the list scheduler of migrated plans
-    (`program._greedy_orders`) picks among ready chunks: the kinds in order of preference, and
+    (`core.listsched`) picks among ready chunks: the kinds in order of preference, and
     whether a W runs right after its B (never queued on its own).
     """
 

@@ -149,3 +149,14 @@ class Workload:
         return PackedBatch(
             self.seq_len, count, seg_len, seg_window, seg_doc, seg_offset, doc_ids, doc_len, sum_sq
         )
+
+
+@functools.lru_cache(maxsize=16)
+def packed(workload: Workload, iteration: int, count: int) -> PackedBatch:
+    """`workload.pack(iteration, count)`, memoised: a replan prices every candidate plan on the
+    same iteration's batch. The arrays are shared between callers, so they are read-only."""
+    batch = workload.pack(iteration, count)
+    for a in (batch.seg_len, batch.seg_window, batch.seg_doc, batch.seg_offset, batch.doc_ids,
+              batch.doc_len, batch.sum_sq):  # fmt: skip
+        a.setflags(write=False)
+    return batch

@@ -28,8 +28,6 @@ chunk-by-chunk pass (tests/sim/oracle.py; a test checks equality).
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 
 from resihp.core.program import B, F, Program
@@ -46,10 +44,7 @@ class _Unit:
         self.groups = groups  # the representative's groups (all groups of the plan when migrating)
         self.members = members  # replicas sharing the representative's structure; None: as is
         self.replicas = members if members is not None else [None]
-        rows = [
-            np.fromiter(itertools.chain.from_iterable(program.chunks[g]), np.int64).reshape(-1, 3)
-            for g in groups
-        ]
+        rows = [program.chunk_array(g) for g in groups]
         sizes = [len(r) for r in rows]
         self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         arr = np.concatenate(rows) if rows else np.zeros((0, 3), np.int64)
@@ -92,7 +87,7 @@ class _Unit:
             me = here[v] * p + stage[v]
             codes.append(peer * (dp * p) + me if into else me * (dp * p) + peer)
             slots.append((v, slot))
-        uniq, inverse = np.unique(np.concatenate(codes), return_inverse=True)
+        uniq, inverse = _unique(np.concatenate(codes), (dp * p) ** 2)
         self.pairs = [((int(a) // p, int(a) % p), (int(b) // p, int(b) % p))
                       for a, b in zip(uniq // (dp * p), uniq % (dp * p))]  # fmt: skip
         self.in_pair = np.full(n, -1, dtype=np.int64)
@@ -103,7 +98,7 @@ class _Unit:
             at += len(v)
         rounds = program._cache.get("rounds")  # the list scheduler's rounds: already a level order
         if members is None and rounds is not None:
-            self.level = np.concatenate([np.asarray(rounds[g], np.int64) for g in groups])
+            self.level = np.concatenate([rounds[g] for g in groups])
         else:
             self.level = self._levels(program)
 
@@ -111,7 +106,8 @@ class _Unit:
         """Sort the vertices by level; member-axis micro-batch indices and transfer pairs."""
         n = self.n
         self.V = n
-        order = np.argsort(self.level.astype(np.int32), kind="stable")
+        small = n == 0 or self.level.max() < 2**16  # a stable sort of 16-bit keys is a radix sort
+        order = np.argsort(self.level.astype(np.uint16 if small else np.int32), kind="stable")
         rank = np.empty(n + 1, dtype=np.int64)
         rank[order] = np.arange(n)
         rank[n] = n  # sentinel: free = 0 before a group's first chunk, end = -inf for no dependency
@@ -182,6 +178,16 @@ class _Unit:
                 }
                 raise AssertionError(f"program deadlocks; next chunks per group: {stuck}")
         return np.array(level, dtype=np.int64)
+
+
+def _unique(codes: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(codes, return_inverse=True)` for codes in [0, bound): by a presence mask when
+    the bound is small next to the codes (no sort)."""
+    if bound > 4 * len(codes) + 4096:
+        return np.unique(codes, return_inverse=True)
+    present = np.zeros(bound, dtype=bool)
+    present[codes] = True
+    return np.flatnonzero(present), (np.cumsum(present) - 1)[codes]
 
 
 class Dag:
