@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,7 +52,7 @@ class Instr:
 @dataclass(frozen=True)
 class Program:
     plan: Plan
-    chunks: dict[GroupKey, list[Chunk]]
+    chunks: Mapping[GroupKey, list[Chunk]]  # a dict, or `listsched.LazyChunks` for migrated plans
     _device_group: dict[int, GroupKey] = field(default_factory=dict, repr=False)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)  # derived, e.g. sim structure
 
@@ -92,8 +93,9 @@ class Program:
                 self._cache["live"] = self.live_peaks(list(self.chunks))
             return dict(self._cache["live"])
         groups = list(groups)
-        sizes = [len(self.chunks[g]) for g in groups]
-        kinds = np.concatenate([self.chunk_array(g)[:, 0] for g in groups] or [np.zeros(0, np.int64)])
+        arrays = [self.chunk_array(g) for g in groups]
+        sizes = [len(a) for a in arrays]
+        kinds = np.concatenate([a[:, 0] for a in arrays] or [np.zeros(0, np.int64)])
         held = np.cumsum((kinds == F).astype(np.int64) - (kinds == W))
         starts = np.cumsum([0] + sizes[:-1]) if groups else np.zeros(0, np.int64)
         base = np.where(starts > 0, held[np.maximum(starts - 1, 0)], 0) if len(held) else starts

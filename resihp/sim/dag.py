@@ -235,7 +235,7 @@ class Dag:
         """Replica classes of identical structure, or the whole plan as one unit when it migrates."""
         plan = program.plan
         if plan.assignment:
-            return [_Unit(program, [g for g in program.chunks if program.chunks[g]], None)]
+            return [_Unit(program, [g for g in program.chunks if len(program.chunk_array(g))], None)]
         classes: dict[tuple[int, int], list[int]] = {}
         for d, stages in enumerate(plan.replicas):
             if plan.microbatches[d]:
