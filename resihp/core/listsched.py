@@ -16,14 +16,13 @@ the evaluator's level order (`sim.dag`).
 
 Inside the run a chunk (j, src) is coded c = j * dp + src (ints order as the (j, src) tuples do)
 and each started chunk is recorded as one int, (round * 3 + kind) * C + c, decoded with numpy at
-the end into the (kind, src, j) arrays and the rounds; the chunk tuples follow on demand.
+the end into the (kind, src, j) arrays and the rounds (the Program builds chunk tuples on demand).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Mapping
 
 import numpy as np
 
@@ -33,10 +32,10 @@ from .schedule import B, F, W, get_schedule
 GroupKey = tuple[int, int]  # (replica, stage)
 
 
-def list_schedule(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> tuple[Mapping, dict, dict]:
-    """(chunks, arrays, rounds) per group of `work` (each group's sorted (j, src) micro-batches):
-    its chunk list in start order (`LazyChunks`), the same as a read-only (n, 3) int64 array of
-    (kind, src, j) rows, and the round each chunk started in (int64 array)."""
+def list_schedule(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> tuple[dict, dict]:
+    """(arrays, rounds) per group of `work` (each group's sorted (j, src) micro-batches): its
+    chunks in start order as a read-only (n, 3) int64 array of (kind, src, j) rows, and the round
+    each chunk started in (int64 array)."""
     sched = get_schedule(plan.schedule)
     dp = plan.dp
     last = [len(st) - 1 for st in plan.replicas]
@@ -162,33 +161,8 @@ def list_schedule(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> tu
     return _decode(keys, started, C, dp)
 
 
-class LazyChunks(Mapping):
-    """Per group chunk lists, each built from its (n, 3) array on first access: a replan reads a
-    migrated candidate's Program through the arrays only (`Program.chunk_array`), while the
-    runtime and the tests read the lists."""
-
-    def __init__(self, arrays: dict[GroupKey, np.ndarray]) -> None:
-        self._arrays = arrays
-        self._lists: dict[GroupKey, list] = {}
-
-    def __getitem__(self, g: GroupKey) -> list:
-        out = self._lists.get(g)
-        if out is None:
-            out = self._lists[g] = list(zip(*self._arrays[g].T.tolist()))
-        return out
-
-    def __contains__(self, g) -> bool:
-        return g in self._arrays
-
-    def __iter__(self):
-        return iter(self._arrays)
-
-    def __len__(self) -> int:
-        return len(self._arrays)
-
-
-def _decode(keys: list[GroupKey], started: list[list[int]], C: int, dp: int) -> tuple[Mapping, dict, dict]:
-    """The recorded starts as chunk lists, (n, 3) arrays and rounds per group (numpy, one pass)."""
+def _decode(keys: list[GroupKey], started: list[list[int]], C: int, dp: int) -> tuple[dict, dict]:
+    """The recorded starts as (n, 3) arrays and rounds per group (numpy, one pass)."""
     sizes = [len(s) for s in started]
     flat = np.fromiter(itertools.chain.from_iterable(started), np.int64, sum(sizes))
     slot, code = np.divmod(flat, C)
@@ -203,4 +177,4 @@ def _decode(keys: list[GroupKey], started: list[list[int]], C: int, dp: int) -> 
         arrays[g] = table[at : at + size]
         by_round[g] = rounds[at : at + size]
         at += size
-    return LazyChunks(arrays), arrays, by_round
+    return arrays, by_round

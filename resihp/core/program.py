@@ -1,8 +1,9 @@
 """Compile a Plan into per-device instruction lists (the paper's "primitives").
 
 Every member of a TP group runs the same list (TP collectives happen inside F and B), so the
-Program stores one ordered list of compute chunks per *group* = (replica, stage) and expands it
-into full per-device instruction lists (with RECV/SEND/ALLREDUCE/STEP) on demand. Both the
+Program stores one ordered list of compute chunks per *group* = (replica, stage), built on first
+access (`LazyChunks`), and expands it into full per-device instruction lists (with
+RECV/SEND/ALLREDUCE/STEP) on demand. Both the
 simulator and the runtime read the same Program: the simulator predicts exactly what runs.
 
 A chunk is (kind, src, j): kind F=0, B=1 (input gradient), W=2 (weight gradient) of micro-batch j
@@ -49,10 +50,38 @@ class Instr:
     segments: tuple[GradSegment, ...] = ()
 
 
+class LazyChunks(Mapping):
+    """Group -> chunk list, each list built by `build(g)` on first access. A replan reads its
+    candidates' Programs through a few groups' arrays (`Program.chunk_array`: the evaluator's
+    representatives, every group of a migrated plan), while the runtime and tests read lists."""
+
+    def __init__(self, keys, build) -> None:
+        self._keys = dict.fromkeys(keys)
+        self._build = build
+        self._lists: dict[GroupKey, list[Chunk]] = {}
+
+    def __getitem__(self, g: GroupKey) -> list[Chunk]:
+        out = self._lists.get(g)
+        if out is None:
+            if g not in self._keys:
+                raise KeyError(g)
+            out = self._lists[g] = self._build(g)
+        return out
+
+    def __contains__(self, g) -> bool:
+        return g in self._keys
+
+    def __iter__(self):
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
 @dataclass(frozen=True)
 class Program:
     plan: Plan
-    chunks: Mapping[GroupKey, list[Chunk]]  # a dict, or `listsched.LazyChunks` for migrated plans
+    chunks: Mapping[GroupKey, list[Chunk]]  # a dict or `LazyChunks`
     _device_group: dict[int, GroupKey] = field(default_factory=dict, repr=False)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)  # derived, e.g. sim structure
 
@@ -176,11 +205,11 @@ def _work(plan: Plan) -> dict[GroupKey, list[tuple[int, int]]]:
         moved.setdefault((src, i), set()).add(j)
     work: dict[GroupKey, list[tuple[int, int]]] = {}
     for d, stages in enumerate(plan.replicas):
-        m = plan.microbatches[d]
+        native = [(j, d) for j in range(plan.microbatches[d])]
         for i, st in enumerate(stages):
             if not st.hollow:
                 out = moved.get((d, i))
-                work[(d, i)] = [(j, d) for j in range(m) if out is None or j not in out]
+                work[(d, i)] = list(native) if out is None else [x for x in native if x[0] not in out]
     arrived = set()
     for src, j, i, dst in plan.assignment:
         work[(dst, i)].append((j, src))
@@ -194,12 +223,15 @@ def _compile(plan: Plan) -> Program:
     work = _work(plan)
     cache: dict = {}
     if plan.assignment:
-        chunks, cache["arrays"], cache["rounds"] = list_schedule(plan, work)  # rounds: sim.dag's levels
+        arrays, cache["rounds"] = list_schedule(plan, work)  # rounds: sim.dag's level order
+        cache["arrays"] = arrays
+        chunks = LazyChunks(work, lambda g: list(zip(*arrays[g].T.tolist())))
     else:
         sched = get_schedule(plan.schedule)
-        chunks = {
-            g: sched.order([(s, j) for j, s in items], g[1], len(plan.replicas[g[0]]))
-            for g, items in work.items()
-        }
+
+        def order(g: GroupKey) -> list[Chunk]:
+            return sched.order([(s, j) for j, s in work[g]], g[1], len(plan.replicas[g[0]]))
+
+        chunks = LazyChunks(work, order)
     device_group = {dev: g for g in work for dev in plan.replicas[g[0]][g[1]].devices}
     return Program(plan, chunks, device_group, cache)
