@@ -127,8 +127,14 @@ class _Unit:
         self.in_pair = self.in_pair[order]
         self.out_pair = self.out_pair[order]
         counts = np.bincount(self.level, minlength=int(self.level.max()) + 1 if n else 0)
-        ends = np.cumsum(counts).tolist()
-        self.levels = [(s, e, self.prev[s:e], self.dep[s:e]) for s, e in zip([0] + ends[:-1], ends)]
+        ends = np.cumsum(counts)
+        # Per level [s, e): one gather index into run's [end; free] buffer, end[dep] then free[prev].
+        first = np.repeat(ends - counts, counts)  # (V,) start of each vertex's level
+        gather = np.empty(2 * n, dtype=np.int64)
+        gather[np.arange(n) + first] = self.dep
+        gather[np.arange(n) + first + np.repeat(counts, counts)] = self.prev + n + 1
+        ends = ends.tolist()
+        self.levels = [(s, e, gather[2 * s : 2 * e]) for s, e in zip([0] + ends[:-1], ends)]
         self.nonempty = np.diff(self.starts) > 0
         last = np.where(self.nonempty, rank[np.maximum(self.starts[1:] - 1, 0)], n)
         self.last = last  # (groups,) vertex id of each representative group's last chunk
@@ -258,17 +264,22 @@ class Dag:
         """Per unit, (end, free), each (V + 1, members, *batch), from per-unit (dur, edge, send)
         arrays (V, members, *batch) in vertex order (row V: the sentinel)."""
         out = []
-        maximum = np.maximum
+        maximum, add = np.maximum, np.add
         for u, (dur, edge, send) in zip(self.units, lanes):
-            shape = (u.V + 1, *dur.shape[1:])
-            end = np.empty(shape)
-            free = np.empty(shape)
-            end[u.V] = -np.inf
-            free[u.V] = 0.0
-            for s, e, prev, dep in u.levels:
-                t = maximum(free[prev], end[dep] + edge[s:e]) + dur[s:e]
+            n = u.V
+            both = np.empty((2 * (n + 1), *dur.shape[1:]))  # [end; free], each with its sentinel row
+            end, free = both[: n + 1], both[n + 1 :]
+            end[n] = -np.inf
+            free[n] = 0.0
+            take = both.take
+            for s, e, gather in u.levels:
+                got = take(gather, axis=0)  # end[dep] (first e - s rows), free[prev] (the rest)
+                t = got[: e - s]
+                t += edge[s:e]
+                maximum(got[e - s :], t, out=t)
+                t += dur[s:e]
                 end[s:e] = t
-                free[s:e] = t + send[s:e]
+                add(t, send[s:e], out=free[s:e])
             out.append((end, free))
         return out
 
