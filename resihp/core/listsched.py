@@ -30,6 +30,7 @@ from .plan import Plan
 from .schedule import B, F, W, get_schedule
 
 GroupKey = tuple[int, int]  # (replica, stage)
+assert (F, B, W) == (0, 1, 2), "the recorded starts code the kind as 0, 1, 2"
 
 
 def list_schedule(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> tuple[dict, dict]:
@@ -83,53 +84,63 @@ def list_schedule(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> tu
     on = [False] * n
     for k in active:
         on[k] = True
+    # A B has effects at the end of its round only when its W is queued or the gradient leaves
+    # after it; under 1F1B (W forced right after B, gradient after W) it has none, only a count.
+    track_b = not one_f_one_b or grad_kind == B
     while done < total:
         ran_f: list[tuple[int, int]] = []  # (group, code) per kind run this round
         ran_b: list[tuple[int, int]] = []
         ran_w: list[tuple[int, int]] = []
+        n_b = 0  # untracked Bs run this round
         idle = False
-        base = now * 3 * C
+        at_f = now * 3 * C  # the recorded start of chunk code c of kind K this round is at_K + c
+        at_b = at_f + C
+        at_w = at_b + C
         for k in active:
             c = forced[k]
             if c >= 0:
                 forced[k] = -1  # 1F1B: the W of the B just run (never queued)
-                kind, ran = W, ran_w
                 by_src[k][c % dp][1] -= 1
-            else:
-                for kd in preference:
-                    if kd == B:
-                        heap = ready_b[k]
-                        if heap:
-                            kind, ran = B, ran_b
-                            c = heappop(heap)
-                            if one_f_one_b:
-                                forced[k] = c
-                            break
-                    elif kd == F:
-                        c = -1  # the ready F of lowest code whose source has room
-                        for rec in recs[k]:
-                            h = rec[0]
-                            if h and rec[1] < rec[2] and (c < 0 or h[0] < c):
-                                c, room = h[0], rec
-                        if c >= 0:
-                            kind, ran = F, ran_f
-                            heappop(room[0])
-                            room[1] += 1
-                            break
-                    else:
-                        heap = ready_w[k]
-                        if heap:
-                            kind, ran = W, ran_w
-                            c = heappop(heap)
-                            by_src[k][c % dp][1] -= 1
-                            break
+                started[k].append(at_w + c)
+                ran_w.append((k, c))
+                continue
+            for kd in preference:
+                if kd == B:
+                    heap = ready_b[k]
+                    if heap:
+                        c = heappop(heap)
+                        if one_f_one_b:
+                            forced[k] = c
+                        started[k].append(at_b + c)
+                        if track_b:
+                            ran_b.append((k, c))
+                        else:
+                            n_b += 1
+                        break
+                elif kd == F:
+                    c = -1  # the ready F of lowest code whose source has room
+                    for rec in recs[k]:
+                        h = rec[0]
+                        if h and rec[1] < rec[2] and (c < 0 or h[0] < c):
+                            c, room = h[0], rec
+                    if c >= 0:
+                        heappop(room[0])
+                        room[1] += 1
+                        started[k].append(at_f + c)
+                        ran_f.append((k, c))
+                        break
                 else:
-                    on[k] = False
-                    idle = True
-                    continue
-            started[k].append(base + kind * C + c)
-            ran.append((k, c))
-        ran_n = len(ran_f) + len(ran_b) + len(ran_w)
+                    heap = ready_w[k]
+                    if heap:
+                        c = heappop(heap)
+                        by_src[k][c % dp][1] -= 1
+                        started[k].append(at_w + c)
+                        ran_w.append((k, c))
+                        break
+            else:
+                on[k] = False
+                idle = True
+        ran_n = len(ran_f) + len(ran_b) + len(ran_w) + n_b
         assert ran_n, "list scheduling stalled: no group could start a chunk"
         done += ran_n
         now += 1

@@ -108,8 +108,13 @@ class Program:
         arrays = self._cache.setdefault("arrays", {})
         a = arrays.get(g)
         if a is None:
-            chunks = self.chunks[g]
-            a = np.fromiter(itertools.chain.from_iterable(chunks), np.int64, 3 * len(chunks)).reshape(-1, 3)
+            build = self._cache.get("array_of")  # set by the compiler where it is cheaper than the list
+            if build is not None:
+                a = build(g)
+            else:
+                chunks = self.chunks[g]
+                a = np.fromiter(itertools.chain.from_iterable(chunks), np.int64, 3 * len(chunks))
+                a = a.reshape(-1, 3)
             a.setflags(write=False)
             arrays[g] = a
         return a
@@ -232,6 +237,12 @@ def _compile(plan: Plan) -> Program:
         def order(g: GroupKey) -> list[Chunk]:
             return sched.order([(s, j) for j, s in work[g]], g[1], len(plan.replicas[g[0]]))
 
+        def array_of(g: GroupKey) -> np.ndarray:  # the same order, from the template's arrays
+            items = np.array(work[g], dtype=np.int64).reshape(-1, 2)  # (j, src) rows, sorted
+            kinds, positions = sched.order_arrays(len(items), g[1], len(plan.replicas[g[0]]))
+            return np.stack([kinds, items[positions, 1], items[positions, 0]], axis=1)
+
         chunks = LazyChunks(work, order)
+        cache["array_of"] = array_of
     device_group = {dev: g for g in work for dev in plan.replicas[g[0]][g[1]].devices}
     return Program(plan, chunks, device_group, cache)

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from operator import itemgetter
 
+import numpy as np
+
 F, B, W = 0, 1, 2
 KIND_NAMES = ("F", "B", "W")
 Chunk = tuple[int, int, int]  # (kind, src replica, micro-batch)
@@ -99,6 +101,11 @@ class Schedule:
         srcs, js = zip(*mbs)
         return list(zip(kinds, take(srcs), take(js)))
 
+    def order_arrays(self, n: int, stage: int, num_stages: int) -> tuple[np.ndarray, np.ndarray]:
+        """`order` of n micro-batches as read-only int64 arrays (kinds, positions): chunk k is kind
+        kinds[k] of the micro-batch at positions[k] of the group's sorted list."""
+        return _pattern_arrays(self.name, n, stage, num_stages)
+
     def live(self, n: int, stage: int, num_stages: int) -> int:
         """Most micro-batches holding activations (F done, W not yet) in the template's order of n
         micro-batches at `stage`: what the compiled Program keeps live, by construction."""
@@ -113,6 +120,17 @@ def _pattern(name: str, n: int, stage: int, num_stages: int) -> tuple[tuple[int,
     ops = SCHEDULES[name].template([(0, q) for q in range(n)], stage, num_stages)
     assert len(ops) == 3 * n, f"template {name!r} must order each micro-batch's F, B and W once"
     return tuple(k for k, _, _ in ops), itemgetter(*(q for _, _, q in ops))
+
+
+@lru_cache(maxsize=1024)
+def _pattern_arrays(name: str, n: int, stage: int, num_stages: int) -> tuple[np.ndarray, np.ndarray]:
+    if not n:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    kinds, take = _pattern(name, n, stage, num_stages)
+    out = np.array(kinds, dtype=np.int64), np.array(take(range(n)), dtype=np.int64)
+    for a in out:
+        a.setflags(write=False)
+    return out
 
 
 @lru_cache(maxsize=4096)

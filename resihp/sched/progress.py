@@ -161,9 +161,13 @@ def progress_migrate(
             free[g] = now
             batch.append((g, key))
         if watch:
-            keys = {watched[g] for g, _ in batch} - {None}
-            for key in sorted(keys) if len(keys) > 1 else keys:
-                step(watch[key])
+            if len(batch) == 1:
+                key = watched[batch[0][0]]
+                if key is not None:
+                    step(watch[key])
+            else:
+                for key in sorted({watched[g] for g, _ in batch} - {None}):
+                    step(watch[key])
         for g, key in batch:
             try_start(g, now)
             for h in waiting.pop(key, ()):

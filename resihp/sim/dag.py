@@ -36,6 +36,11 @@ from resihp.core.schedule import get_schedule
 GroupKey = tuple[int, int]
 
 
+# (schedule, micro-batches, stages) -> the levels of one pipeline's vertices in template order:
+# a pure function of those three (bounded; every replica class of every plan of that shape).
+_TEMPLATE_LEVELS: dict[tuple[str, int, int], np.ndarray] = {}
+
+
 class _Unit:
     """One representative's vertices (group-major, program order) and its member replicas."""
 
@@ -99,6 +104,15 @@ class _Unit:
         rounds = program._cache.get("rounds")  # the list scheduler's rounds: already a level order
         if members is None and rounds is not None:
             self.level = np.concatenate([rounds[g] for g in groups])
+        elif members is not None:  # one pipeline in template order: its DAG is the schedule's
+            key = (plan.schedule, plan.microbatches[members[0]], len(plan.replicas[members[0]]))
+            self.level = _TEMPLATE_LEVELS.get(key)
+            if self.level is None:
+                self.level = self._levels(program)
+                self.level.setflags(write=False)
+                if len(_TEMPLATE_LEVELS) >= 64:
+                    _TEMPLATE_LEVELS.clear()
+                _TEMPLATE_LEVELS[key] = self.level
         else:
             self.level = self._levels(program)
 
