@@ -28,14 +28,17 @@ chunk-by-chunk pass (tests/sim/oracle.py; a test checks equality).
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 
 from resihp.core.program import B, F, Program
 from resihp.core.schedule import get_schedule
 
 GroupKey = tuple[int, int]
+
+
+# (schedule, micro-batches, stages) -> the levels of one pipeline's vertices in template order:
+# a pure function of those three (bounded; every replica class of every plan of that shape).
+_TEMPLATE_LEVELS: dict[tuple[str, int, int], np.ndarray] = {}
 
 
 class _Unit:
@@ -46,10 +49,7 @@ class _Unit:
         self.groups = groups  # the representative's groups (all groups of the plan when migrating)
         self.members = members  # replicas sharing the representative's structure; None: as is
         self.replicas = members if members is not None else [None]
-        rows = [
-            np.fromiter(itertools.chain.from_iterable(program.chunks[g]), np.int64).reshape(-1, 3)
-            for g in groups
-        ]
+        rows = [program.chunk_array(g) for g in groups]
         sizes = [len(r) for r in rows]
         self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         arr = np.concatenate(rows) if rows else np.zeros((0, 3), np.int64)
@@ -92,7 +92,7 @@ class _Unit:
             me = here[v] * p + stage[v]
             codes.append(peer * (dp * p) + me if into else me * (dp * p) + peer)
             slots.append((v, slot))
-        uniq, inverse = np.unique(np.concatenate(codes), return_inverse=True)
+        uniq, inverse = _unique(np.concatenate(codes), (dp * p) ** 2)
         self.pairs = [((int(a) // p, int(a) % p), (int(b) // p, int(b) % p))
                       for a, b in zip(uniq // (dp * p), uniq % (dp * p))]  # fmt: skip
         self.in_pair = np.full(n, -1, dtype=np.int64)
@@ -103,7 +103,16 @@ class _Unit:
             at += len(v)
         rounds = program._cache.get("rounds")  # the list scheduler's rounds: already a level order
         if members is None and rounds is not None:
-            self.level = np.concatenate([np.asarray(rounds[g], np.int64) for g in groups])
+            self.level = np.concatenate([rounds[g] for g in groups])
+        elif members is not None:  # one pipeline in template order: its DAG is the schedule's
+            key = (plan.schedule, plan.microbatches[members[0]], len(plan.replicas[members[0]]))
+            self.level = _TEMPLATE_LEVELS.get(key)
+            if self.level is None:
+                self.level = self._levels(program)
+                self.level.setflags(write=False)
+                if len(_TEMPLATE_LEVELS) >= 64:
+                    _TEMPLATE_LEVELS.clear()
+                _TEMPLATE_LEVELS[key] = self.level
         else:
             self.level = self._levels(program)
 
@@ -111,7 +120,8 @@ class _Unit:
         """Sort the vertices by level; member-axis micro-batch indices and transfer pairs."""
         n = self.n
         self.V = n
-        order = np.argsort(self.level.astype(np.int32), kind="stable")
+        small = n == 0 or self.level.max() < 2**16  # a stable sort of 16-bit keys is a radix sort
+        order = np.argsort(self.level.astype(np.uint16 if small else np.int32), kind="stable")
         rank = np.empty(n + 1, dtype=np.int64)
         rank[order] = np.arange(n)
         rank[n] = n  # sentinel: free = 0 before a group's first chunk, end = -inf for no dependency
@@ -131,8 +141,14 @@ class _Unit:
         self.in_pair = self.in_pair[order]
         self.out_pair = self.out_pair[order]
         counts = np.bincount(self.level, minlength=int(self.level.max()) + 1 if n else 0)
-        ends = np.cumsum(counts).tolist()
-        self.levels = [(s, e, self.prev[s:e], self.dep[s:e]) for s, e in zip([0] + ends[:-1], ends)]
+        ends = np.cumsum(counts)
+        # Per level [s, e): one gather index into run's [end; free] buffer, end[dep] then free[prev].
+        first = np.repeat(ends - counts, counts)  # (V,) start of each vertex's level
+        gather = np.empty(2 * n, dtype=np.int64)
+        gather[np.arange(n) + first] = self.dep
+        gather[np.arange(n) + first + np.repeat(counts, counts)] = self.prev + n + 1
+        ends = ends.tolist()
+        self.levels = [(s, e, gather[2 * s : 2 * e]) for s, e in zip([0] + ends[:-1], ends)]
         self.nonempty = np.diff(self.starts) > 0
         last = np.where(self.nonempty, rank[np.maximum(self.starts[1:] - 1, 0)], n)
         self.last = last  # (groups,) vertex id of each representative group's last chunk
@@ -184,6 +200,16 @@ class _Unit:
         return np.array(level, dtype=np.int64)
 
 
+def _unique(codes: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(codes, return_inverse=True)` for codes in [0, bound): by a presence mask when
+    the bound is small next to the codes (no sort)."""
+    if bound > 4 * len(codes) + 4096:
+        return np.unique(codes, return_inverse=True)
+    present = np.zeros(bound, dtype=bool)
+    present[codes] = True
+    return np.flatnonzero(present), (np.cumsum(present) - 1)[codes]
+
+
 class Dag:
     """Cost-independent, level-sorted structure of one Program (cached on it by `of`).
 
@@ -229,7 +255,7 @@ class Dag:
         """Replica classes of identical structure, or the whole plan as one unit when it migrates."""
         plan = program.plan
         if plan.assignment:
-            return [_Unit(program, [g for g in program.chunks if program.chunks[g]], None)]
+            return [_Unit(program, [g for g in program.chunks if len(program.chunk_array(g))], None)]
         classes: dict[tuple[int, int], list[int]] = {}
         for d, stages in enumerate(plan.replicas):
             if plan.microbatches[d]:
@@ -252,17 +278,22 @@ class Dag:
         """Per unit, (end, free), each (V + 1, members, *batch), from per-unit (dur, edge, send)
         arrays (V, members, *batch) in vertex order (row V: the sentinel)."""
         out = []
-        maximum = np.maximum
+        maximum, add = np.maximum, np.add
         for u, (dur, edge, send) in zip(self.units, lanes):
-            shape = (u.V + 1, *dur.shape[1:])
-            end = np.empty(shape)
-            free = np.empty(shape)
-            end[u.V] = -np.inf
-            free[u.V] = 0.0
-            for s, e, prev, dep in u.levels:
-                t = maximum(free[prev], end[dep] + edge[s:e]) + dur[s:e]
+            n = u.V
+            both = np.empty((2 * (n + 1), *dur.shape[1:]))  # [end; free], each with its sentinel row
+            end, free = both[: n + 1], both[n + 1 :]
+            end[n] = -np.inf
+            free[n] = 0.0
+            take = both.take
+            for s, e, gather in u.levels:
+                got = take(gather, axis=0)  # end[dep] (first e - s rows), free[prev] (the rest)
+                t = got[: e - s]
+                t += edge[s:e]
+                maximum(got[e - s :], t, out=t)
+                t += dur[s:e]
                 end[s:e] = t
-                free[s:e] = t + send[s:e]
+                add(t, send[s:e], out=free[s:e])
             out.append((end, free))
         return out
 
