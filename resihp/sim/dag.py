@@ -22,6 +22,12 @@ array, so a 16,384-GPU plan costs the structure of one pipeline per class. A bat
 columns (iterations, or any family of costs over the same Program), evaluated in the same pass.
 A plan with migrated chunks is one unit of one member.
 
+A pipeline in template order (no migration) has a structure that depends on its schedule, its
+micro-batch count and its stage count only (`_shape`): its vertices, edges, levels and transfer
+pairs up to the replica's index. A replan prices many plans of the same few shapes, so that
+structure is built once per shape (a bounded memo of read-only arrays) and each unit of that shape
+only adds its members' micro-batch indices.
+
 The arithmetic is the scalar recurrence's, in the same order, so results are bit-identical to a
 chunk-by-chunk pass (tests/sim/oracle.py; a test checks equality).
 """
@@ -36,9 +42,11 @@ from resihp.core.schedule import get_schedule
 GroupKey = tuple[int, int]
 
 
-# (schedule, micro-batches, stages) -> the levels of one pipeline's vertices in template order:
-# a pure function of those three (bounded; every replica class of every plan of that shape).
-_TEMPLATE_LEVELS: dict[tuple[str, int, int], np.ndarray] = {}
+# (schedule, micro-batches, stages) -> the finished structure of one pipeline in template order
+# (`_Unit.template`): a pure function of those three (bounded; shared read-only by every replica
+# class of every plan of that shape).
+_SHAPES: dict[tuple[str, int, int], _Unit] = {}
+SHAPES_KEPT = 64
 
 
 class _Unit:
@@ -59,6 +67,7 @@ class _Unit:
         n = len(arr)
         self.n, self.kind, self.gi = n, kind, gi
         self.mb = np.array([plan.mb_offset(d) for d in range(plan.dp)], dtype=np.int64)[src] + j
+        self.j = j
         dp, m, p = plan.dp, max(plan.microbatches), max(len(s) for s in plan.replicas)
 
         def key(k, s, jj, i):
@@ -104,17 +113,38 @@ class _Unit:
         rounds = program._cache.get("rounds")  # the list scheduler's rounds: already a level order
         if members is None and rounds is not None:
             self.level = np.concatenate([rounds[g] for g in groups])
-        elif members is not None:  # one pipeline in template order: its DAG is the schedule's
-            key = (plan.schedule, plan.microbatches[members[0]], len(plan.replicas[members[0]]))
-            self.level = _TEMPLATE_LEVELS.get(key)
-            if self.level is None:
-                self.level = self._levels(program)
-                self.level.setflags(write=False)
-                if len(_TEMPLATE_LEVELS) >= 64:
-                    _TEMPLATE_LEVELS.clear()
-                _TEMPLATE_LEVELS[key] = self.level
         else:
             self.level = self._levels(program)
+
+    @classmethod
+    def template(cls, program: Program, members: list[int], offsets: np.ndarray) -> _Unit:
+        """The finished unit of `members`, replicas in template order of one shape (their first's
+        schedule, micro-batch and stage counts), from the shape's memoised structure: only the
+        groups, the transfer pairs' replica and the members' micro-batch indices are its own."""
+        plan = program.plan
+        d0 = members[0]
+        p = len(plan.replicas[d0])
+        key = (plan.schedule, plan.microbatches[d0], p)
+        shape = _SHAPES.get(key)
+        if shape is None:
+            shape = cls(program, [(d0, i) for i in range(p)], [d0])
+            shape.finish(offsets)
+            shape.live = program.live_peaks(shape.groups)
+            shape.live = [shape.live[g] for g in shape.groups]
+            shape.pairs = [(a[1], b[1]) for a, b in shape.pairs]  # stage pairs: the replica is the unit's
+            for a in vars(shape).values():
+                if isinstance(a, np.ndarray):
+                    a.setflags(write=False)
+            if len(_SHAPES) >= SHAPES_KEPT:
+                _SHAPES.clear()
+            _SHAPES[key] = shape
+        unit = object.__new__(cls)
+        vars(unit).update(vars(shape))
+        unit.groups = [(d0, i) for i in range(p)]
+        unit.members = unit.replicas = members
+        unit.pairs = [((d0, a), (d0, b)) for a, b in shape.pairs]
+        unit.mb = shape.j[:, None] + offsets[np.array(members)][None, :]  # (V, members), level order
+        return unit
 
     def finish(self, offsets: np.ndarray) -> None:
         """Sort the vertices by level; member-axis micro-batch indices and transfer pairs."""
@@ -132,12 +162,11 @@ class _Unit:
         self.dep = rank[np.where(self.dep >= 0, self.dep, n)][order]
         self.kind = self.kind[order]
         self.gi = self.gi[order]
-        mb = self.mb[order]
+        self.j = self.j[order]
         if self.members is None:
-            self.mb = mb[:, None]  # (V, 1)
+            self.mb = self.mb[order][:, None]  # (V, 1)
         else:
-            members = np.array(self.members)
-            self.mb = mb[:, None] - offsets[self.members[0]] + offsets[members][None, :]  # (V, members)
+            self.mb = self.j[:, None] + offsets[np.array(self.members)][None, :]  # (V, members)
         self.in_pair = self.in_pair[order]
         self.out_pair = self.out_pair[order]
         counts = np.bincount(self.level, minlength=int(self.level.max()) + 1 if n else 0)
@@ -225,7 +254,6 @@ class Dag:
         return program._cache["dag"]
 
     def __init__(self, program: Program) -> None:
-        plan = program.plan
         self.units = self._units(program)
         self.groups: list[GroupKey] = []
         self.where: dict[GroupKey, tuple[int, int, int] | None] = {}
@@ -241,29 +269,27 @@ class Dag:
                 self.groups.append(g)
         self.group_index = {g: k for k, g in enumerate(self.groups)}
         migrating = len(self.units) == 1 and self.units[0].members is None
-        live = program.live_peaks(None if migrating else [g for u in self.units for g in u.groups])
+        live = program.live_peaks() if migrating else None
         self.live_peak = {
-            g: 0 if w is None else live[self.units[w[0]].groups[w[2]]] for g, w in self.where.items()
+            g: 0 if w is None else (live[g] if migrating else self.units[w[0]].live[w[2]])
+            for g, w in self.where.items()
         }  # members share their representative's order
         holders = [np.array([self.group_index[h] for h in seg.groups]) for seg in program.segments]
         self.segments = list(zip([seg.layers for seg in program.segments], holders))
-        offsets = np.array([plan.mb_offset(d) for d in range(plan.dp)], dtype=np.int64)
-        for u in self.units:
-            u.finish(offsets)
 
     def _units(self, program: Program) -> list[_Unit]:
         """Replica classes of identical structure, or the whole plan as one unit when it migrates."""
         plan = program.plan
+        offsets = np.array([plan.mb_offset(d) for d in range(plan.dp)], dtype=np.int64)
         if plan.assignment:
-            return [_Unit(program, [g for g in program.chunks if len(program.chunk_array(g))], None)]
+            unit = _Unit(program, [g for g in program.chunks if len(program.chunk_array(g))], None)
+            unit.finish(offsets)
+            return [unit]
         classes: dict[tuple[int, int], list[int]] = {}
         for d, stages in enumerate(plan.replicas):
             if plan.microbatches[d]:
                 classes.setdefault((len(stages), plan.microbatches[d]), []).append(d)
-        return [
-            _Unit(program, [(members[0], i) for i in range(len(plan.replicas[members[0]]))], members)
-            for members in classes.values()
-        ]
+        return [_Unit.template(program, members, offsets) for members in classes.values()]
 
     def vertices(self, g: GroupKey) -> tuple[int, int, np.ndarray]:
         """(unit, member, vertex ids in program order) of group g's chunks; (-1, -1, []) for none."""
