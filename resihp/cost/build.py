@@ -17,6 +17,8 @@ handful of distinct stage shapes, so building its costs costs little more than w
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from resihp.core.cluster import Cluster
@@ -53,8 +55,11 @@ def _elementwise_bytes_per_token(model: ModelSpec, tp: int, hs: np.ndarray, fs: 
     return 2 * 2.0 * (12.0 * h / tp + 2.0 * (h + 2 * kv) * hs + 3.0 * model.ffn * fs)
 
 
+@lru_cache(maxsize=4096, typed=True)
 def _chunk_table(model, hw, num_layers, first, last, tp_split, ffn_split, speeds, n_mean, sq_mean, c_att):
-    """(3, 3) compute-only table of the slowest device of a group at the typical batch."""
+    """(3, 3) compute-only table of the slowest device of a group at the typical batch (memoised:
+    a pure function of its arguments, the same for most groups of every plan of a replan;
+    read-only, callers copy before adding to it)."""
     tp = len(tp_split)
     hs = np.asarray(tp_split, dtype=np.float64) / model.heads
     fs = np.asarray(ffn_split, dtype=np.float64) / model.ffn
@@ -77,6 +82,7 @@ def _chunk_table(model, hw, num_layers, first, last, tp_split, ffn_split, speeds
         c0 = fixed if kind < 2 else np.zeros_like(sp)
         k = int(np.argmax(c0 + alpha * n_mean + beta * sq_mean))
         table[kind] = (c0[k], alpha[k], beta[k])
+    table.setflags(write=False)
     return table
 
 

@@ -80,8 +80,13 @@ class Links:
         exceeds the work), many through `bw_pairs`: the same value either way."""
         gpn = self.gpn
         if len(a) <= 64:
-            same = all(x // gpn == y // gpn for x, y in zip(a, b))
-            bw = float(min(self.bw(x, y) for x, y in zip(a, b)))
+            inside = [x // gpn == y // gpn for x, y in zip(a, b)]
+            same = all(inside)
+            if self.factors:
+                bw = float(min(self.bw(x, y) for x, y in zip(a, b)))
+            else:  # every link is an intra- or an inter-node one: the smallest of those present
+                present = ([self.hw.intra_bw] if any(inside) else []) + ([] if same else [self.hw.inter_bw])
+                bw = float(min(present))
         else:
             x, y = np.asarray(a), np.asarray(b)
             same = bool(np.all(x // gpn == y // gpn))
