@@ -124,6 +124,7 @@ class _Unit:
         plan = program.plan
         d0 = members[0]
         p = len(plan.replicas[d0])
+        assert not plan.assignment and not any(st.hollow for d in members for st in plan.replicas[d])
         key = (plan.schedule, plan.microbatches[d0], p)
         shape = _SHAPES.get(key)
         if shape is None:
