@@ -44,9 +44,11 @@ GroupKey = tuple[int, int]
 
 # (schedule, micro-batches, stages) -> the finished structure of one pipeline in template order
 # (`_Unit.template`): a pure function of those three (bounded; shared read-only by every replica
-# class of every plan of that shape).
+# class of every plan of that shape). Emptied when it would exceed SHAPES_KEPT shapes or
+# SHAPES_VERTICES vertices in all (about 100 bytes each).
 _SHAPES: dict[tuple[str, int, int], _Unit] = {}
 SHAPES_KEPT = 64
+SHAPES_VERTICES = 500_000
 
 
 class _Unit:
@@ -136,7 +138,8 @@ class _Unit:
             for a in vars(shape).values():
                 if isinstance(a, np.ndarray):
                     a.setflags(write=False)
-            if len(_SHAPES) >= SHAPES_KEPT:
+            held = sum(u.V for u in _SHAPES.values())
+            if len(_SHAPES) >= SHAPES_KEPT or held + shape.V > SHAPES_VERTICES:
                 _SHAPES.clear()
             _SHAPES[key] = shape
         unit = object.__new__(cls)
