@@ -12,14 +12,17 @@ paper's plan then costed by the full ITP pass, resihp.sim.predict); `resihp plan
 the choice on the proxy alone); for fail-slow batches also `resihp +before`, the call the
 runtime makes (`adapt(..., before=...)`: the candidates re-ranked on the cluster before the
 reports, to tell whether they are why the plan changes). Reports the median of `repeats` calls
-after one warm-up call (caches of the packed batch and memory bounds).
+after one warm-up call (caches of the packed batch, memory bounds, cost tables and pipeline
+structures by shape), wall clock and this process's CPU time: on a shared machine the wall clock
+includes waiting for a core, the CPU time much less of it (the load average is printed too).
 Before every timed call the compiled-Program memo is emptied (`core.program.forget_compiled`),
 so each call compiles its candidates as a real replan does.
-Run: .venv/bin/python benchmarks/sched_latency.py [--quick] [--small]
+Run: .venv/bin/python benchmarks/sched_latency.py [--quick] [--small] [--repeats N]
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -66,34 +69,40 @@ def bench(case, policies, repeats, kinds):
             calls["resihp +before"] = (policies["resihp"][0], {"before": job.cluster})
         for pname, (policy, kw) in calls.items():
             policy.adapt(ctx, ctx.home, cluster, reports, **kw)
-            times = []
+            times, cpu = [], []
             for _ in range(repeats):
                 forget_compiled()
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 decision = policy.adapt(ctx, ctx.home, cluster, reports, **kw)
                 times.append(time.perf_counter() - t0)
-            rows.append((name, kind, pname, statistics.median(times), target, decision))
+                cpu.append(time.process_time() - c0)
+            rows.append(
+                (name, kind, pname, statistics.median(times), statistics.median(cpu), target, decision)
+            )
     return rows
 
 
 def main(argv: list[str]) -> None:
     quick, small = "--quick" in argv, "--small" in argv
-    print(f"{'case':40s} {'faults':9s} {'policy':17s} {'replan s':>9s} {'target s':>9s}  plan")
+    many = int(argv[argv.index("--repeats") + 1]) if "--repeats" in argv else 5
+    print("load average (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
+    print(f"{'case':40s} {'faults':9s} {'policy':17s} {'replan s':>9s} {'cpu s':>7s} {'target s':>9s}  plan")
     for k, case in enumerate(CASES[:1] if small else CASES):
-        repeats = 1 if (quick or k == 1) else 5
+        repeats = 1 if (quick or k == 1) else many
         policies = {
             "resihp-paper": (ResiHPPaper(), {}),
             "resihp": (ResiHP(), {}),
             "resihp plan-only": (ResiHP(dag_top=0), {}),
         }
         kinds = ("mixed",) if k == 1 else ("fail-stop", "fail-slow", "mixed")
-        for name, kind, pname, t, target, d in bench(case, policies, repeats, kinds):
+        for name, kind, pname, t, c, target, d in bench(case, policies, repeats, kinds):
             ok = "" if pname == "resihp-paper" else ("ok" if t <= target else "over target")
             print(
-                f"{name:40s} {kind:9s} {pname:17s} {t:9.3f} {target:9.2f}  {d.reason} "
+                f"{name:40s} {kind:9s} {pname:17s} {t:9.3f} {c:7.3f} {target:9.2f}  {d.reason} "
                 f"(iteration {d.predicted_iteration_s:.2f} s, pause {d.reconfig.pause_s:.1f} s"
                 f"{'' if d.prompted else ', unprompted'}) {ok}"
             )
+    print("load average (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
 
 
 if __name__ == "__main__":

@@ -1,26 +1,29 @@
 """Compile a Plan into per-device instruction lists (the paper's "primitives").
 
 Every member of a TP group runs the same list (TP collectives happen inside F and B), so the
-Program stores one ordered list of compute chunks per *group* = (replica, stage) and expands it
-into full per-device instruction lists (with RECV/SEND/ALLREDUCE/STEP) on demand. Both the
+Program stores one ordered list of compute chunks per *group* = (replica, stage), built on first
+access (`LazyChunks`), and expands it into full per-device instruction lists (with
+RECV/SEND/ALLREDUCE/STEP) on demand. Both the
 simulator and the runtime read the same Program: the simulator predicts exactly what runs.
 
 A chunk is (kind, src, j): kind F=0, B=1 (input gradient), W=2 (weight gradient) of micro-batch j
 of source replica `src`, at the group's stage. A group's order follows its schedule's template
 (`core.schedule`) over the group's micro-batches sorted by (j, src). Plans with migrated chunks
-take their orders from a unit-time list-scheduling run instead (`_greedy_orders`), which is
+take their orders from a unit-time list-scheduling run instead (`core.listsched`), which is
 deadlock-free by construction. Each group's ALLREDUCE names the gradient segments its stage holds
 (`core.segments`).
 """
 
 from __future__ import annotations
 
-import heapq
+import itertools
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .listsched import list_schedule
 from .plan import Plan
 from .schedule import KIND_NAMES, B, Chunk, F, W, get_schedule
 from .segments import GradSegment, grad_segments
@@ -47,10 +50,38 @@ class Instr:
     segments: tuple[GradSegment, ...] = ()
 
 
+class LazyChunks(Mapping):
+    """Group -> chunk list, each list built by `build(g)` on first access. A replan reads its
+    candidates' Programs through a few groups' arrays (`Program.chunk_array`: the evaluator's
+    representatives, every group of a migrated plan), while the runtime and tests read lists."""
+
+    def __init__(self, keys, build) -> None:
+        self._keys = dict.fromkeys(keys)
+        self._build = build
+        self._lists: dict[GroupKey, list[Chunk]] = {}
+
+    def __getitem__(self, g: GroupKey) -> list[Chunk]:
+        out = self._lists.get(g)
+        if out is None:
+            if g not in self._keys:
+                raise KeyError(g)
+            out = self._lists[g] = self._build(g)
+        return out
+
+    def __contains__(self, g) -> bool:
+        return g in self._keys
+
+    def __iter__(self):
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
 @dataclass(frozen=True)
 class Program:
     plan: Plan
-    chunks: dict[GroupKey, list[Chunk]]
+    chunks: Mapping[GroupKey, list[Chunk]]  # a dict or `LazyChunks`
     _device_group: dict[int, GroupKey] = field(default_factory=dict, repr=False)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)  # derived, e.g. sim structure
 
@@ -71,6 +102,23 @@ class Program:
         """The segments group g holds (and reduces at its ALLREDUCE), in layer order."""
         return tuple(seg for seg in self.segments if g in seg.groups)
 
+    def chunk_array(self, g: GroupKey) -> np.ndarray:
+        """Group g's chunks as an (n, 3) int64 array of (kind, src, j) rows in program order
+        (cached and read-only: the evaluator and the memory check share it)."""
+        arrays = self._cache.setdefault("arrays", {})
+        a = arrays.get(g)
+        if a is None:
+            build = self._cache.get("array_of")  # set by the compiler where it is cheaper than the list
+            if build is not None:
+                a = build(g)
+            else:
+                chunks = self.chunks[g]
+                a = np.fromiter(itertools.chain.from_iterable(chunks), np.int64, 3 * len(chunks))
+                a = a.reshape(-1, 3)
+            a.setflags(write=False)
+            arrays[g] = a
+        return a
+
     def live_peaks(self, groups=None) -> dict[GroupKey, int]:
         """Per group (default: all): most micro-batches holding activations (F done, W not yet) in
         its order. Template orders keep exactly `Schedule.live` (tests/core checks it)."""
@@ -79,8 +127,9 @@ class Program:
                 self._cache["live"] = self.live_peaks(list(self.chunks))
             return dict(self._cache["live"])
         groups = list(groups)
-        sizes = [len(self.chunks[g]) for g in groups]
-        kinds = np.fromiter((c[0] for g in groups for c in self.chunks[g]), np.int64, sum(sizes))
+        arrays = [self.chunk_array(g) for g in groups]
+        sizes = [len(a) for a in arrays]
+        kinds = np.concatenate([a[:, 0] for a in arrays] or [np.zeros(0, np.int64)])
         held = np.cumsum((kinds == F).astype(np.int64) - (kinds == W))
         starts = np.cumsum([0] + sizes[:-1]) if groups else np.zeros(0, np.int64)
         base = np.where(starts > 0, held[np.maximum(starts - 1, 0)], 0) if len(held) else starts
@@ -119,124 +168,6 @@ class Program:
         return out
 
 
-def _greedy_orders(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> tuple[dict, dict]:
-    """Orders for plans with migrated chunks, read off a unit-time list-scheduling run, and the
-    round each chunk started in (a topological numbering of the Program's DAG: a chunk's
-    predecessors all started in earlier rounds).
-
-    Static templates cannot be merged safely when a group serves several source pipelines (its
-    1F1B steady state is offset against theirs and the orders can wait on each other in a cycle).
-    Instead every group, whenever idle, starts a ready chunk of the kind the schedule prefers
-    (`Schedule.list_preference`; 1F1B: a B first, its W right after): an F only while fewer of
-    *that source pipeline's* micro-batches are live than the schedule's template would keep live
-    for that source's micro-batches at this stage (`Schedule.live`); ties go to the lowest
-    (micro-batch, source). The per-source limit lets migrated-in work fill its own pipeline (one
-    shared limit starves both pipelines); the extra live activations are the memory cost of
-    migration, which the simulator reports in its peak memory (and the scheduler's memory check
-    reads off the compiled Program). The orders are an actual execution, so the Program is
-    deadlock-free under any timing.
-    """
-    sched = get_schedule(plan.schedule)
-    last = [len(st) - 1 for st in plan.replicas]
-    keys = list(work)
-    index = {g: k for k, g in enumerate(keys)}
-    # Per group (by index): one record [heap of ready F micro-batches, live count, live limit] per
-    # source replica; B and W ready chunks as heaps of (j, src).
-    sources: list[dict[int, list]] = []
-    for g, items in work.items():
-        count: dict[int, int] = {}
-        for _, src in items:
-            count[src] = count.get(src, 0) + 1
-        p = len(plan.replicas[g[0]])
-        recs = {src: [[], 0, sched.live(n, g[1], p)] for src, n in count.items()}
-        if g[1] == 0:
-            for j, src in items:
-                recs[src][0].append(j)
-            for rec in recs.values():
-                heapq.heapify(rec[0])
-        sources.append(recs)
-    ready_b: list[list] = [[] for _ in keys]
-    ready_w: list[list] = [[] for _ in keys]
-    grad_kind = sched.grad_kind
-    one_f_one_b = sched.list_w_follows_b
-    # 1F1B runs each W right after its B (`forced`), so W is never picked on its own there.
-    preference = sched.list_preference
-    orders: list[list[Chunk]] = [[] for _ in keys]
-    rounds: list[list[int]] = [[] for _ in keys]
-    forced: list[tuple[int, int] | None] = [None] * len(keys)
-    stage = [g[1] for g in keys]
-    total = sum(3 * len(v) for v in work.values())
-    done = now = 0
-    moved = plan._exec  # (src, j, stage) -> executing replica, for migrated chunks only
-    heappush, heappop = heapq.heappush, heapq.heappop
-
-    def at(src: int, j: int, i: int) -> int:
-        """Index of the group that runs stage i of (src, j)."""
-        return index[(moved.get((src, j, i), src), i)]
-
-    active = {k: None for k, g in enumerate(keys) if g[1] == 0}  # groups that may have work
-    while done < total:
-        finished: list[tuple[int, int, int, int]] = []
-        for k in list(active):
-            key = forced[k]
-            if key is not None:
-                forced[k] = None  # 1F1B: the W of the B just run (never queued)
-                kind = W
-            else:
-                best = None  # the ready F of lowest (micro-batch, source) whose source has room
-                for src, rec in sources[k].items():
-                    h = rec[0]
-                    if h and rec[1] < rec[2] and (best is None or (h[0], src) < best):
-                        best = (h[0], src)
-                kind = None
-                for kd in preference:
-                    if kd == F:
-                        key = best
-                    else:
-                        heap = ready_b[k] if kd == B else ready_w[k]
-                        key = heap[0] if heap else None
-                    if key is not None:
-                        kind = kd
-                        break
-                if kind is None:
-                    del active[k]
-                    continue
-                if kind == F:
-                    heappop(sources[k][key[1]][0])
-                else:
-                    heappop(ready_b[k] if kind == B else ready_w[k])
-            j, src = key
-            orders[k].append((kind, src, j))
-            rounds[k].append(now)
-            if kind == F:
-                sources[k][src][1] += 1
-            elif kind == W:
-                sources[k][src][1] -= 1
-            elif one_f_one_b:
-                forced[k] = key
-            finished.append((kind, src, j, stage[k]))
-        assert finished, "list scheduling stalled: no group could start a chunk"
-        done += len(finished)
-        now += 1
-        for kind, src, j, i in finished:
-            if kind == F:
-                if i < last[src]:
-                    nxt = at(src, j, i + 1)
-                    heappush(sources[nxt][src][0], j)
-                    active[nxt] = None
-                else:
-                    heappush(ready_b[at(src, j, i)], (j, src))
-            elif kind == B and not one_f_one_b:
-                heappush(ready_w[at(src, j, i)], (j, src))
-            if kind == grad_kind and i > 0:
-                up = at(src, j, i - 1)
-                heappush(ready_b[up], (j, src))
-                active[up] = None
-    orders = dict(zip(keys, orders))
-    rounds = dict(zip(keys, rounds))
-    return orders, rounds
-
-
 _COMPILED: OrderedDict[tuple, Program] = OrderedDict()  # memo of compile_plan by layout, newest last
 MEMO_CHUNKS = 2_000_000  # most chunks the memo keeps (about 100 MB of Programs)
 
@@ -271,29 +202,47 @@ def _size(program: Program) -> int:
     return 3 * program.plan.global_microbatches * max(len(s) for s in program.plan.replicas)
 
 
-def _compile(plan: Plan) -> Program:
+def _work(plan: Plan) -> dict[GroupKey, list[tuple[int, int]]]:
+    """Per non-hollow group (replica, stage), in plan order: the (j, src) micro-batches it runs
+    at its stage, sorted."""
+    moved: dict[tuple[int, int], set[int]] = {}  # (src, stage) -> micro-batches run elsewhere
+    for src, j, i, _ in plan.assignment:
+        moved.setdefault((src, i), set()).add(j)
     work: dict[GroupKey, list[tuple[int, int]]] = {}
     for d, stages in enumerate(plan.replicas):
+        native = [(j, d) for j in range(plan.microbatches[d])]
         for i, st in enumerate(stages):
             if not st.hollow:
-                work[(d, i)] = []
-    for src, stages in enumerate(plan.replicas):
-        for j in range(plan.microbatches[src]):
-            for i in range(len(stages)):
-                work[(plan.executor(src, j, i), i)].append((j, src))
-    for items in work.values():
-        items.sort()
-    rounds = None
+                out = moved.get((d, i))
+                work[(d, i)] = list(native) if out is None else [x for x in native if x[0] not in out]
+    arrived = set()
+    for src, j, i, dst in plan.assignment:
+        work[(dst, i)].append((j, src))
+        arrived.add((dst, i))
+    for g in arrived:
+        work[g].sort()
+    return work
+
+
+def _compile(plan: Plan) -> Program:
+    work = _work(plan)
+    cache: dict = {}
     if plan.assignment:
-        chunks, rounds = _greedy_orders(plan, work)
+        arrays, cache["rounds"] = list_schedule(plan, work)  # rounds: sim.dag's level order
+        cache["arrays"] = arrays
+        chunks = LazyChunks(work, lambda g: list(zip(*arrays[g].T.tolist())))
     else:
         sched = get_schedule(plan.schedule)
-        chunks = {
-            g: sched.order([(s, j) for j, s in items], g[1], len(plan.replicas[g[0]]))
-            for g, items in work.items()
-        }
+
+        def order(g: GroupKey) -> list[Chunk]:
+            return sched.order([(s, j) for j, s in work[g]], g[1], len(plan.replicas[g[0]]))
+
+        def array_of(g: GroupKey) -> np.ndarray:  # the same order, from the template's arrays
+            items = np.array(work[g], dtype=np.int64).reshape(-1, 2)  # (j, src) rows, sorted
+            kinds, positions = sched.order_arrays(len(items), g[1], len(plan.replicas[g[0]]))
+            return np.stack([kinds, items[positions, 1], items[positions, 0]], axis=1)
+
+        chunks = LazyChunks(work, order)
+        cache["array_of"] = array_of
     device_group = {dev: g for g in work for dev in plan.replicas[g[0]][g[1]].devices}
-    program = Program(plan, chunks, device_group)
-    if rounds is not None:
-        program._cache["rounds"] = rounds  # the evaluator's level order (sim.dag)
-    return program
+    return Program(plan, chunks, device_group, cache)

@@ -17,6 +17,10 @@ of source replica `src`. Templates order a group's micro-batches, given sorted b
   the chain upstream waits only for B. Every stage keeps up to p micro-batches live (1F1B's stage-0
   peak) and the bubble shrinks from (p-1)(F+B+W) to (p-1)(F+B-W) with equal chunk costs.
 
+A template orders *positions*: it may move the (src, j) pairs around but never look at them, so
+`Schedule.order` runs it once per (n, stage, num_stages) on placeholders and relabels that pattern
+for every group (`_pattern`, cached: a compile orders hundreds of groups of a few shapes).
+
 Adding a schedule: one `Schedule` in SCHEDULES below (its template and list-scheduling
 preferences), plus tests.
 """
@@ -26,6 +30,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from operator import itemgetter
+
+import numpy as np
 
 F, B, W = 0, 1, 2
 KIND_NAMES = ("F", "B", "W")
@@ -71,7 +78,7 @@ class Schedule:
     after W; a split one after B (`grad_kind`).
 
     `list_preference` / `list_w_follows_b`: how the list scheduler of migrated plans
-    (`program._greedy_orders`) picks among ready chunks: the kinds in order of preference, and
+    (`core.listsched`) picks among ready chunks: the kinds in order of preference, and
     whether a W runs right after its B (never queued on its own).
     """
 
@@ -88,7 +95,16 @@ class Schedule:
 
     def order(self, mbs: Sequence[tuple[int, int]], stage: int, num_stages: int) -> list[Chunk]:
         """Chunk order of a group at `stage` of `num_stages` over its (src, j) micro-batches."""
-        return self.template(mbs, stage, num_stages)
+        if not mbs:
+            return []
+        kinds, take = _pattern(self.name, len(mbs), stage, num_stages)
+        srcs, js = zip(*mbs)
+        return list(zip(kinds, take(srcs), take(js)))
+
+    def order_arrays(self, n: int, stage: int, num_stages: int) -> tuple[np.ndarray, np.ndarray]:
+        """`order` of n micro-batches as read-only int64 arrays (kinds, positions): chunk k is kind
+        kinds[k] of the micro-batch at positions[k] of the group's sorted list."""
+        return _pattern_arrays(self.name, n, stage, num_stages)
 
     def live(self, n: int, stage: int, num_stages: int) -> int:
         """Most micro-batches holding activations (F done, W not yet) in the template's order of n
@@ -96,10 +112,31 @@ class Schedule:
         return _live(self.name, n, stage, num_stages)
 
 
+@lru_cache(maxsize=1024)
+def _pattern(name: str, n: int, stage: int, num_stages: int) -> tuple[tuple[int, ...], Callable]:
+    """(kinds, take) of the template's order of n >= 1 micro-batches: chunk k is kind kinds[k] of
+    the micro-batch at the k-th position `take` picks from the group's sorted list (3n >= 3
+    positions, so `take` always returns a tuple)."""
+    ops = SCHEDULES[name].template([(0, q) for q in range(n)], stage, num_stages)
+    assert len(ops) == 3 * n, f"template {name!r} must order each micro-batch's F, B and W once"
+    return tuple(k for k, _, _ in ops), itemgetter(*(q for _, _, q in ops))
+
+
+@lru_cache(maxsize=1024)
+def _pattern_arrays(name: str, n: int, stage: int, num_stages: int) -> tuple[np.ndarray, np.ndarray]:
+    if not n:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    kinds, take = _pattern(name, n, stage, num_stages)
+    out = np.array(kinds, dtype=np.int64), np.array(take(range(n)), dtype=np.int64)
+    for a in out:
+        a.setflags(write=False)
+    return out
+
+
 @lru_cache(maxsize=4096)
 def _live(name: str, n: int, stage: int, num_stages: int) -> int:
     peak = live = 0
-    for kind, _, _ in SCHEDULES[name].order([(0, j) for j in range(n)], stage, num_stages):
+    for kind in _pattern(name, n, stage, num_stages)[0] if n else ():
         live += 1 if kind == F else (-1 if kind == W else 0)
         peak = max(peak, live)
     return peak

@@ -179,3 +179,21 @@ def _cut(seq_len: int, count: int, doc_len: np.ndarray, doc_ids: np.ndarray) -> 
     seg_offset = seg_start - doc_start[seg_doc]
     sum_sq = np.bincount(seg_window, weights=seg_len.astype(np.float64) ** 2, minlength=count)
     return PackedBatch(seq_len, count, seg_len, seg_window, seg_doc, seg_offset, doc_ids, doc_len, sum_sq)
+
+
+def packed(workload: Workload, iteration: int, count: int) -> PackedBatch:
+    """`workload.pack(iteration, count)`, memoised: a replan prices every candidate plan on the
+    same iteration's batch. The arrays are shared between callers, so they are read-only. A token
+    file's batch is keyed by the file's size and modification time too (a rewritten file is
+    packed again)."""
+    stamp = workload.tokens._key() if workload.tokens is not None else None
+    return _packed(workload, iteration, count, stamp)
+
+
+@functools.lru_cache(maxsize=16)
+def _packed(workload: Workload, iteration: int, count: int, stamp) -> PackedBatch:
+    batch = workload.pack(iteration, count)
+    for a in (batch.seg_len, batch.seg_window, batch.seg_doc, batch.seg_offset, batch.doc_ids,
+              batch.doc_len, batch.sum_sq):  # fmt: skip
+        a.setflags(write=False)
+    return batch

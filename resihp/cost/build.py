@@ -11,11 +11,13 @@ so one device is picked per group and kind and the form stays exact for it). Exp
 collectives are added to F and B (none in W). `Hardware.layer_overhead_s` (0 on the GPU presets)
 adds a fixed cost per layer to F and B, divided by the device's speed but not by its TP share.
 
-Cached per distinct (layers, first/last, split, speeds): a uniform 16,384-GPU plan has a handful
-of distinct stage shapes, so building its costs costs little more than walking its groups.
+Cached per distinct (layers, first/last, split, speeds, TP ring): a uniform 16,384-GPU plan has a
+handful of distinct stage shapes, so building its costs costs little more than walking its groups.
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 import numpy as np
 
@@ -53,8 +55,11 @@ def _elementwise_bytes_per_token(model: ModelSpec, tp: int, hs: np.ndarray, fs: 
     return 2 * 2.0 * (12.0 * h / tp + 2.0 * (h + 2 * kv) * hs + 3.0 * model.ffn * fs)
 
 
+@lru_cache(maxsize=4096, typed=True)
 def _chunk_table(model, hw, num_layers, first, last, tp_split, ffn_split, speeds, n_mean, sq_mean, c_att):
-    """(3, 3) compute-only table of the slowest device of a group at the typical batch."""
+    """(3, 3) compute-only table of the slowest device of a group at the typical batch (memoised:
+    a pure function of its arguments, the same for most groups of every plan of a replan;
+    read-only, callers copy before adding to it)."""
     tp = len(tp_split)
     hs = np.asarray(tp_split, dtype=np.float64) / model.heads
     fs = np.asarray(ffn_split, dtype=np.float64) / model.ffn
@@ -77,6 +82,7 @@ def _chunk_table(model, hw, num_layers, first, last, tp_split, ffn_split, speeds
         c0 = fixed if kind < 2 else np.zeros_like(sp)
         k = int(np.argmax(c0 + alpha * n_mean + beta * sq_mean))
         table[kind] = (c0[k], alpha[k], beta[k])
+    table.setflags(write=False)
     return table
 
 
@@ -126,6 +132,7 @@ def build_costs(
     table_cache: dict = {}
     mem_cache: dict = {}
     tp_cache: dict = {}
+    with_tp: dict = {}  # (table key, TP key) -> the group's table with its TP collectives
     for d, stages in enumerate(plan.replicas):
         for i, st in enumerate(stages):
             if st.hollow:
@@ -135,18 +142,21 @@ def build_costs(
             sp = tuple(speed[k] for k in devs)
             assert all(alive[k] for k in devs), f"group {(d, i)} uses a dead device: {devs}"
             key = (st.num_layers, first, last, st.tp_split, st.ffn_split, sp)
-            table = table_cache.get(key)
-            if table is None:
-                table = table_cache[key] = _chunk_table(model, hw, *key, n_mean, sq_mean, c_att)
             plain = not links.devices.intersection(devs)  # no degraded link touches this group
             tp_key = (st.num_layers, len(devs), _one_node(devs, links)) if plain else (st.num_layers, devs)
-            tp_c = tp_cache.get(tp_key)
-            if tp_c is None:
-                tp_c = tp_cache[tp_key] = tp_comm_coeffs(model.hidden, st.num_layers, devs, links)
-            if tp_c[0] or tp_c[1]:
-                table = table.copy()
-                table[:2, 0] += tp_exposed * tp_c[0]
-                table[:2, 1] += tp_exposed * tp_c[1]
+            table = with_tp.get((key, tp_key))
+            if table is None:
+                table = table_cache.get(key)
+                if table is None:
+                    table = table_cache[key] = _chunk_table(model, hw, *key, n_mean, sq_mean, c_att)
+                tp_c = tp_cache.get(tp_key)
+                if tp_c is None:
+                    tp_c = tp_cache[tp_key] = tp_comm_coeffs(model.hidden, st.num_layers, devs, links)
+                if tp_c[0] or tp_c[1]:
+                    table = table.copy()
+                    table[:2, 0] += tp_exposed * tp_c[0]
+                    table[:2, 1] += tp_exposed * tp_c[1]
+                with_tp[(key, tp_key)] = table
             chunk[(d, i)] = table
             mkey = (st.tp_split, st.ffn_split, parts[(d, i)])
             mem = mem_cache.get(mkey)
@@ -163,18 +173,23 @@ def build_costs(
 
     act_bytes = n_mean * model.hidden * 2.0
     p2p_cache: dict = {}
+    pair_cache: dict = {}
 
     def p2p(a: tuple[int, int], b: tuple[int, int]) -> float:
         """Seconds to move one micro-batch's activation (or gradient) from group a to group b.
-        Cached per pair of groups, or per shape when both lie inside one node each and no degraded
+        Cached per pair of groups, and per shape when both lie inside one node each and no degraded
         link touches them (then only the sizes and whether the nodes differ matter)."""
+        hit = pair_cache.get((a, b))
+        if hit is not None:
+            return hit
         send, recv = plan.replicas[a[0]][a[1]].devices, plan.replicas[b[0]][b[1]].devices
         key = (send, recv)
         if _one_node(send, links) and _one_node(recv, links) and not links.devices.intersection(send + recv):
             key = (len(send), len(recv), send[0] // links.gpn == recv[0] // links.gpn)
         if key not in p2p_cache:
             p2p_cache[key] = pp_transfer_s(act_bytes, send, recv, links)
-        return p2p_cache[key]
+        pair_cache[(a, b)] = p2p_cache[key]
+        return pair_cache[(a, b)]
 
     return Costs(
         tokens=tokens,
@@ -218,11 +233,13 @@ def _gradient_sync(model, plan, segments, links, hw, optimizer, vocab_parallel, 
     local: dict[int, float] = {}  # parameters each device updates at the step
     count_cache: dict = {}
 
-    def count(n, emb, head, tp_split, ffn_split, r):
-        key = (n, emb, head, tp_split, ffn_split, r)
+    def counts(n, emb, head, tp_split, ffn_split) -> tuple[float, ...]:
+        """`memory.shard_params` of every TP rank of a split (cached per call)."""
+        key = (n, emb, head, tp_split, ffn_split)
         if key not in count_cache:
-            count_cache[key] = memory.shard_params(
-                model, n, emb, head, tp_split, ffn_split, r, vocab_parallel
+            count_cache[key] = tuple(
+                memory.shard_params(model, n, emb, head, tp_split, ffn_split, r, vocab_parallel)
+                for r in range(len(tp_split))
             )
         return count_cache[key]
 
@@ -230,8 +247,7 @@ def _gradient_sync(model, plan, segments, links, hw, optimizer, vocab_parallel, 
         holders = len(seg.groups)
         n, emb, head = seg.num_layers, seg.with_embedding, seg.with_head
         for st in seg.stages:
-            for r, dev in enumerate(st.devices):
-                own = count(n, emb, head, st.tp_split, st.ffn_split, r)
+            for dev, own in zip(st.devices, counts(n, emb, head, st.tp_split, st.ffn_split)):
                 local[dev] = local.get(dev, 0.0) + (own / holders if sharded_opt else own)
         if holders < 2:
             continue
@@ -242,10 +258,9 @@ def _gradient_sync(model, plan, segments, links, hw, optimizer, vocab_parallel, 
         else:
             splits, ranks = ((model.heads,), (model.ffn,)), len(seg.devices)
             bw, alpha = links.ring(seg.devices)
-        shards = range(len(splits[0]))
-        moved = [count(n, emb, head, *splits, r) for r in shards]
+        moved = counts(n, emb, head, *splits)
         if dp_exposed_fraction is None:
-            layer = max(count(1, emb, False, *splits, r) for r in shards)
+            layer = max(counts(1, emb, False, *splits))
             exposed = min(layer, max(BUCKET_PARAMS, BUCKET_PARAMS_PER_DP * ranks))
         else:
             exposed = dp_exposed_fraction * max(moved)

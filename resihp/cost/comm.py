@@ -74,15 +74,30 @@ class Links:
                 out = np.where((lo == x) & (hi == y), out * f, out)
         return out
 
+    def slowest(self, a: list[int], b: list[int]) -> tuple[float, float]:
+        """(bandwidth of the slowest of the links a[k] -> b[k], latency: intra-node only when
+        every pair shares a node). Few pairs go through `bw` one by one (numpy's per-call cost
+        exceeds the work), many through `bw_pairs`: the same value either way."""
+        gpn = self.gpn
+        if len(a) <= 64:
+            inside = [x // gpn == y // gpn for x, y in zip(a, b)]
+            same = all(inside)
+            if self.factors:
+                bw = float(min(self.bw(x, y) for x, y in zip(a, b)))
+            else:  # every link is an intra- or an inter-node one: the smallest of those present
+                present = ([self.hw.intra_bw] if any(inside) else []) + ([] if same else [self.hw.inter_bw])
+                bw = float(min(present))
+        else:
+            x, y = np.asarray(a), np.asarray(b)
+            same = bool(np.all(x // gpn == y // gpn))
+            bw = float(self.bw_pairs(x, y).min())
+        return bw, self.hw.alpha_intra_s if same else self.hw.alpha_inter_s
+
     def ring(self, devices: tuple[int, ...]) -> tuple[float, float]:
         """(bottleneck bandwidth, per-step latency) of a ring over `devices` in the given order."""
         if len(devices) <= 1:
             return float("inf"), 0.0
-        a = np.asarray(devices)
-        b = np.roll(a, -1)
-        same = bool(np.all(a // self.gpn == b // self.gpn))
-        alpha = self.hw.alpha_intra_s if same else self.hw.alpha_inter_s
-        return float(self.bw_pairs(a, b).min()), alpha
+        return self.slowest(list(devices), list(devices[1:] + devices[:1]))
 
 
 def tp_comm_coeffs(
@@ -144,7 +159,4 @@ def dp_ring(groups: list[tuple[int, ...]], links: Links) -> tuple[float, float]:
         n = max(len(g), len(h))
         a_list += [g[k % len(g)] for k in range(n)]
         b_list += [h[k % len(h)] for k in range(n)]
-    a, b = np.asarray(a_list), np.asarray(b_list)
-    same = bool(np.all(a // links.gpn == b // links.gpn))
-    alpha = links.hw.alpha_intra_s if same else links.hw.alpha_inter_s
-    return float(links.bw_pairs(a, b).min()), alpha
+    return links.slowest(a_list, b_list)

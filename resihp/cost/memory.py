@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from resihp.core.model_spec import ModelSpec
 
@@ -101,6 +102,7 @@ def shard_params(
     return num_layers * per_layer + (vocab if embedding else 0.0) + (vocab + h if head else 0.0)
 
 
+@lru_cache(maxsize=4096, typed=True)
 def device_bytes(
     model: ModelSpec,
     tp_split: tuple[int, ...],
@@ -110,14 +112,15 @@ def device_bytes(
     optimizer: str = "distopt-fp32",
     sequence_parallel: bool = True,
     vocab_parallel: bool = True,
-) -> list[tuple[float, float]]:
+) -> tuple[tuple[float, float], ...]:
     """Per TP rank of a stage: (static bytes, activation bytes per live micro-batch).
 
     `parts`: the stage's gradient segments as (num_layers, embedding, head, holders) tuples; each
     part's model state costs `bytes_per_param(optimizer, holders)` per parameter (a distributed
     optimizer shards it over the groups holding those layers). Static bytes add one micro-batch's
     fp32 logits on the last stage (the part with the head). This is the one memory formula of the
-    simulator (`build_costs`) and of the scheduler's memory check (`sched.model`).
+    simulator (`build_costs`) and of the scheduler's memory check (`sched.model`), memoised (a
+    pure function of its arguments, asked again for every plan of a replan).
     """
     tp = len(tp_split)
     last = any(head for _, _, head, _ in parts)
@@ -133,7 +136,7 @@ def device_bytes(
         hs, fs = tp_split[r] / model.heads, ffn_split[r] / model.ffn
         act = num_layers * tokens * activation_bytes_per_token(model, tp, hs, fs, sequence_parallel)
         out.append((static + logits, act))
-    return out
+    return tuple(out)
 
 
 def activation_bytes_per_token(

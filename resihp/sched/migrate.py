@@ -23,6 +23,7 @@ import math
 
 import numpy as np
 
+from resihp.core.workload import packed
 from resihp.cost import flops
 
 from .model import memo
@@ -36,7 +37,7 @@ def mean_chunk_flops(ctx, plan, iteration: int = 0) -> float:
 
 
 def _batch(ctx, count: int, iteration: int):
-    return memo(("batch", ctx.workload, count, iteration), lambda: ctx.workload.pack(iteration, count))
+    return packed(ctx.workload, iteration, count)
 
 
 def microbatch_costs(ctx, plan, iteration: int = 0) -> list[list[float]]:

@@ -22,13 +22,17 @@ array, so a 16,384-GPU plan costs the structure of one pipeline per class. A bat
 columns (iterations, or any family of costs over the same Program), evaluated in the same pass.
 A plan with migrated chunks is one unit of one member.
 
+A pipeline in template order (no migration) has a structure that depends on its schedule, its
+micro-batch count and its stage count only (`_shape`): its vertices, edges, levels and transfer
+pairs up to the replica's index. A replan prices many plans of the same few shapes, so that
+structure is built once per shape (a bounded memo of read-only arrays) and each unit of that shape
+only adds its members' micro-batch indices.
+
 The arithmetic is the scalar recurrence's, in the same order, so results are bit-identical to a
 chunk-by-chunk pass (tests/sim/oracle.py; a test checks equality).
 """
 
 from __future__ import annotations
-
-import itertools
 
 import numpy as np
 
@@ -36,6 +40,15 @@ from resihp.core.program import B, F, Program
 from resihp.core.schedule import get_schedule
 
 GroupKey = tuple[int, int]
+
+
+# (schedule, micro-batches, stages) -> the finished structure of one pipeline in template order
+# (`_Unit.template`): a pure function of those three (bounded; shared read-only by every replica
+# class of every plan of that shape). Emptied when it would exceed SHAPES_KEPT shapes or
+# SHAPES_VERTICES vertices in all (about 100 bytes each).
+_SHAPES: dict[tuple[str, int, int], _Unit] = {}
+SHAPES_KEPT = 64
+SHAPES_VERTICES = 500_000
 
 
 class _Unit:
@@ -46,10 +59,7 @@ class _Unit:
         self.groups = groups  # the representative's groups (all groups of the plan when migrating)
         self.members = members  # replicas sharing the representative's structure; None: as is
         self.replicas = members if members is not None else [None]
-        rows = [
-            np.fromiter(itertools.chain.from_iterable(program.chunks[g]), np.int64).reshape(-1, 3)
-            for g in groups
-        ]
+        rows = [program.chunk_array(g) for g in groups]
         sizes = [len(r) for r in rows]
         self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         arr = np.concatenate(rows) if rows else np.zeros((0, 3), np.int64)
@@ -59,6 +69,7 @@ class _Unit:
         n = len(arr)
         self.n, self.kind, self.gi = n, kind, gi
         self.mb = np.array([plan.mb_offset(d) for d in range(plan.dp)], dtype=np.int64)[src] + j
+        self.j = j
         dp, m, p = plan.dp, max(plan.microbatches), max(len(s) for s in plan.replicas)
 
         def key(k, s, jj, i):
@@ -92,7 +103,7 @@ class _Unit:
             me = here[v] * p + stage[v]
             codes.append(peer * (dp * p) + me if into else me * (dp * p) + peer)
             slots.append((v, slot))
-        uniq, inverse = np.unique(np.concatenate(codes), return_inverse=True)
+        uniq, inverse = _unique(np.concatenate(codes), (dp * p) ** 2)
         self.pairs = [((int(a) // p, int(a) % p), (int(b) // p, int(b) % p))
                       for a, b in zip(uniq // (dp * p), uniq % (dp * p))]  # fmt: skip
         self.in_pair = np.full(n, -1, dtype=np.int64)
@@ -103,15 +114,48 @@ class _Unit:
             at += len(v)
         rounds = program._cache.get("rounds")  # the list scheduler's rounds: already a level order
         if members is None and rounds is not None:
-            self.level = np.concatenate([np.asarray(rounds[g], np.int64) for g in groups])
+            self.level = np.concatenate([rounds[g] for g in groups])
         else:
             self.level = self._levels(program)
+
+    @classmethod
+    def template(cls, program: Program, members: list[int], offsets: np.ndarray) -> _Unit:
+        """The finished unit of `members`, replicas in template order of one shape (their first's
+        schedule, micro-batch and stage counts), from the shape's memoised structure: only the
+        groups, the transfer pairs' replica and the members' micro-batch indices are its own."""
+        plan = program.plan
+        d0 = members[0]
+        p = len(plan.replicas[d0])
+        assert not plan.assignment and not any(st.hollow for d in members for st in plan.replicas[d])
+        key = (plan.schedule, plan.microbatches[d0], p)
+        shape = _SHAPES.get(key)
+        if shape is None:
+            shape = cls(program, [(d0, i) for i in range(p)], [d0])
+            shape.finish(offsets)
+            shape.live = program.live_peaks(shape.groups)
+            shape.live = [shape.live[g] for g in shape.groups]
+            shape.pairs = [(a[1], b[1]) for a, b in shape.pairs]  # stage pairs: the replica is the unit's
+            for a in vars(shape).values():
+                if isinstance(a, np.ndarray):
+                    a.setflags(write=False)
+            held = sum(u.V for u in _SHAPES.values())
+            if len(_SHAPES) >= SHAPES_KEPT or held + shape.V > SHAPES_VERTICES:
+                _SHAPES.clear()
+            _SHAPES[key] = shape
+        unit = object.__new__(cls)
+        vars(unit).update(vars(shape))
+        unit.groups = [(d0, i) for i in range(p)]
+        unit.members = unit.replicas = members
+        unit.pairs = [((d0, a), (d0, b)) for a, b in shape.pairs]
+        unit.mb = shape.j[:, None] + offsets[np.array(members)][None, :]  # (V, members), level order
+        return unit
 
     def finish(self, offsets: np.ndarray) -> None:
         """Sort the vertices by level; member-axis micro-batch indices and transfer pairs."""
         n = self.n
         self.V = n
-        order = np.argsort(self.level.astype(np.int32), kind="stable")
+        small = n == 0 or self.level.max() < 2**16  # a stable sort of 16-bit keys is a radix sort
+        order = np.argsort(self.level.astype(np.uint16 if small else np.int32), kind="stable")
         rank = np.empty(n + 1, dtype=np.int64)
         rank[order] = np.arange(n)
         rank[n] = n  # sentinel: free = 0 before a group's first chunk, end = -inf for no dependency
@@ -122,17 +166,22 @@ class _Unit:
         self.dep = rank[np.where(self.dep >= 0, self.dep, n)][order]
         self.kind = self.kind[order]
         self.gi = self.gi[order]
-        mb = self.mb[order]
+        self.j = self.j[order]
         if self.members is None:
-            self.mb = mb[:, None]  # (V, 1)
+            self.mb = self.mb[order][:, None]  # (V, 1)
         else:
-            members = np.array(self.members)
-            self.mb = mb[:, None] - offsets[self.members[0]] + offsets[members][None, :]  # (V, members)
+            self.mb = self.j[:, None] + offsets[np.array(self.members)][None, :]  # (V, members)
         self.in_pair = self.in_pair[order]
         self.out_pair = self.out_pair[order]
         counts = np.bincount(self.level, minlength=int(self.level.max()) + 1 if n else 0)
-        ends = np.cumsum(counts).tolist()
-        self.levels = [(s, e, self.prev[s:e], self.dep[s:e]) for s, e in zip([0] + ends[:-1], ends)]
+        ends = np.cumsum(counts)
+        # Per level [s, e): one gather index into run's [end; free] buffer, end[dep] then free[prev].
+        first = np.repeat(ends - counts, counts)  # (V,) start of each vertex's level
+        gather = np.empty(2 * n, dtype=np.int64)
+        gather[np.arange(n) + first] = self.dep
+        gather[np.arange(n) + first + np.repeat(counts, counts)] = self.prev + n + 1
+        ends = ends.tolist()
+        self.levels = [(s, e, gather[2 * s : 2 * e]) for s, e in zip([0] + ends[:-1], ends)]
         self.nonempty = np.diff(self.starts) > 0
         last = np.where(self.nonempty, rank[np.maximum(self.starts[1:] - 1, 0)], n)
         self.last = last  # (groups,) vertex id of each representative group's last chunk
@@ -184,6 +233,16 @@ class _Unit:
         return np.array(level, dtype=np.int64)
 
 
+def _unique(codes: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(codes, return_inverse=True)` for codes in [0, bound): by a presence mask when
+    the bound is small next to the codes (no sort)."""
+    if bound > 4 * len(codes) + 4096:
+        return np.unique(codes, return_inverse=True)
+    present = np.zeros(bound, dtype=bool)
+    present[codes] = True
+    return np.flatnonzero(present), (np.cumsum(present) - 1)[codes]
+
+
 class Dag:
     """Cost-independent, level-sorted structure of one Program (cached on it by `of`).
 
@@ -199,7 +258,6 @@ class Dag:
         return program._cache["dag"]
 
     def __init__(self, program: Program) -> None:
-        plan = program.plan
         self.units = self._units(program)
         self.groups: list[GroupKey] = []
         self.where: dict[GroupKey, tuple[int, int, int] | None] = {}
@@ -215,29 +273,27 @@ class Dag:
                 self.groups.append(g)
         self.group_index = {g: k for k, g in enumerate(self.groups)}
         migrating = len(self.units) == 1 and self.units[0].members is None
-        live = program.live_peaks(None if migrating else [g for u in self.units for g in u.groups])
+        live = program.live_peaks() if migrating else None
         self.live_peak = {
-            g: 0 if w is None else live[self.units[w[0]].groups[w[2]]] for g, w in self.where.items()
+            g: 0 if w is None else (live[g] if migrating else self.units[w[0]].live[w[2]])
+            for g, w in self.where.items()
         }  # members share their representative's order
         holders = [np.array([self.group_index[h] for h in seg.groups]) for seg in program.segments]
         self.segments = list(zip([seg.layers for seg in program.segments], holders))
-        offsets = np.array([plan.mb_offset(d) for d in range(plan.dp)], dtype=np.int64)
-        for u in self.units:
-            u.finish(offsets)
 
     def _units(self, program: Program) -> list[_Unit]:
         """Replica classes of identical structure, or the whole plan as one unit when it migrates."""
         plan = program.plan
+        offsets = np.array([plan.mb_offset(d) for d in range(plan.dp)], dtype=np.int64)
         if plan.assignment:
-            return [_Unit(program, [g for g in program.chunks if program.chunks[g]], None)]
+            unit = _Unit(program, [g for g in program.chunks if len(program.chunk_array(g))], None)
+            unit.finish(offsets)
+            return [unit]
         classes: dict[tuple[int, int], list[int]] = {}
         for d, stages in enumerate(plan.replicas):
             if plan.microbatches[d]:
                 classes.setdefault((len(stages), plan.microbatches[d]), []).append(d)
-        return [
-            _Unit(program, [(members[0], i) for i in range(len(plan.replicas[members[0]]))], members)
-            for members in classes.values()
-        ]
+        return [_Unit.template(program, members, offsets) for members in classes.values()]
 
     def vertices(self, g: GroupKey) -> tuple[int, int, np.ndarray]:
         """(unit, member, vertex ids in program order) of group g's chunks; (-1, -1, []) for none."""
@@ -252,17 +308,22 @@ class Dag:
         """Per unit, (end, free), each (V + 1, members, *batch), from per-unit (dur, edge, send)
         arrays (V, members, *batch) in vertex order (row V: the sentinel)."""
         out = []
-        maximum = np.maximum
+        maximum, add = np.maximum, np.add
         for u, (dur, edge, send) in zip(self.units, lanes):
-            shape = (u.V + 1, *dur.shape[1:])
-            end = np.empty(shape)
-            free = np.empty(shape)
-            end[u.V] = -np.inf
-            free[u.V] = 0.0
-            for s, e, prev, dep in u.levels:
-                t = maximum(free[prev], end[dep] + edge[s:e]) + dur[s:e]
+            n = u.V
+            both = np.empty((2 * (n + 1), *dur.shape[1:]))  # [end; free], each with its sentinel row
+            end, free = both[: n + 1], both[n + 1 :]
+            end[n] = -np.inf
+            free[n] = 0.0
+            take = both.take
+            for s, e, gather in u.levels:
+                got = take(gather, axis=0)  # end[dep] (first e - s rows), free[prev] (the rest)
+                t = got[: e - s]
+                t += edge[s:e]
+                maximum(got[e - s :], t, out=t)
+                t += dur[s:e]
                 end[s:e] = t
-                free[s:e] = t + send[s:e]
+                add(t, send[s:e], out=free[s:e])
             out.append((end, free))
         return out
 

@@ -14,6 +14,7 @@ from resihp.core.cluster import Cluster
 from resihp.core.plan import Plan
 from resihp.core.program import Program, compile_plan
 from resihp.core.scenario import Job
+from resihp.core.workload import packed
 from resihp.cost import build_costs
 
 from .pipeline import IterationResult, evaluate
@@ -32,7 +33,7 @@ def predict(
     job: Job, plan: Plan, cluster: Cluster, iteration: int = 0, keep_spans: bool = False, **cost_options
 ) -> Prediction:
     """Evaluate `plan` on the packed batch of `iteration` (each micro-batch is one sample)."""
-    batch = job.workload.pack(iteration, plan.global_microbatches)
+    batch = packed(job.workload, iteration, plan.global_microbatches)
     tokens = np.full(batch.count, float(batch.seq_len))
     costs = build_costs(job.model, plan, cluster, tokens, batch.sum_sq, **cost_options)
     program = compile_plan(plan)

@@ -150,3 +150,39 @@ def test_evaluator_equals_the_chunk_by_chunk_oracle(schedule):
     assert got.busy_s == pytest.approx(busy, rel=1e-12)
     spans = evaluate(program, costs, keep_spans=True).spans
     assert {(k, s, j, g[1]): t1 for g, sp in spans.items() for k, s, j, _, t1 in sp} == want["end"]
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zbh1"])
+def test_shared_pipeline_structure_serves_other_replicas_exactly(schedule):
+    """A template pipeline's structure is built once per (schedule, micro-batches, stages) and
+    reused by later plans of that shape whatever their replicas (sim.dag._SHAPES): a plan whose
+    replicas 1, 2, 4, 5 take the shape an earlier plan built on replica 0 still gives the scalar
+    oracle's times exactly, next to replicas of other shapes."""
+    import numpy as np
+    from oracle import oracle_evaluate
+
+    from resihp.core.program import forget_compiled
+    from resihp.sim import dag
+
+    first = Plan.uniform(MODEL, 2, 4, 6, 7, schedule)
+    forget_compiled()  # no Program (nor the structure cached on it) from an earlier test
+    dag._SHAPES.clear()
+    evaluate(compile_plan(first), uniform_costs(first))
+    assert set(dag._SHAPES) == {(schedule, 7, 4)}
+    plan = first.with_changes(microbatches=(5, 7, 7, 9, 7, 7))
+    costs = uniform_costs(plan, p2p=0.05)
+    rng = np.random.default_rng(1)
+    costs.sum_sq = rng.uniform(0, 1, plan.global_microbatches)
+    costs.send_blocks = True
+    costs.p2p = lambda a, b: 0.01 * (1 + a[0] + 2 * b[1])
+    for g in costs.chunk:
+        costs.chunk[g] = costs.chunk[g] * rng.uniform(0.5, 1.5) + np.array([[0, 0, 0.3]] * 3)
+    program = compile_plan(plan)
+    costs.segment_s = {seg.layers: 0.1 * k for k, seg in enumerate(program.segments)}
+    got = evaluate(program, costs, keep_spans=True)
+    assert set(dag._SHAPES) == {(schedule, n, 4) for n in (5, 7, 9)}
+    want = oracle_evaluate(program, costs)
+    assert got.iteration_s == want["iteration_s"]
+    assert got.group_end_s == want["group_end_s"]
+    assert got.live_peak == want["live_peak"]
+    assert {(k, s, j, g[1]): t1 for g, sp in got.spans.items() for k, s, j, _, t1 in sp} == want["end"]

@@ -1,0 +1,191 @@
+"""The list scheduler that orders the chunks of plans with migrated work (`program.compile_plan`).
+
+Static templates cannot be merged safely when a group serves several source pipelines (its 1F1B
+steady state is offset against theirs and the orders can wait on each other in a cycle). Instead
+a unit-time list-scheduling run decides: in every round, every group that is idle starts a ready
+chunk of the kind the schedule prefers (`Schedule.list_preference`; 1F1B: a B first, its W right
+after): an F only while fewer of *that source pipeline's* micro-batches are live than the
+schedule's template would keep live for that source's micro-batches at this stage
+(`Schedule.live`); ties go to the lowest (micro-batch, source). The per-source limit lets
+migrated-in work fill its own pipeline (one shared limit starves both pipelines); the extra live
+activations are the memory cost of migration, which the simulator reports in its peak memory (and
+the scheduler's memory check reads off the compiled Program). The orders are an actual execution,
+so the Program is deadlock-free under any timing, and the round each chunk started in is a
+topological numbering of the Program's DAG (a chunk's predecessors all started in earlier rounds):
+the evaluator's level order (`sim.dag`).
+
+Inside the run a chunk (j, src) is coded c = j * dp + src (ints order as the (j, src) tuples do)
+and each started chunk is recorded as one int, (round * 3 + kind) * C + c, decoded with numpy at
+the end into the (kind, src, j) arrays and the rounds (the Program builds chunk tuples on demand).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+import numpy as np
+
+from .plan import Plan
+from .schedule import B, F, W, get_schedule
+
+GroupKey = tuple[int, int]  # (replica, stage)
+assert (F, B, W) == (0, 1, 2), "the recorded starts code the kind as 0, 1, 2"
+
+
+def list_schedule(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> tuple[dict, dict]:
+    """(arrays, rounds) per group of `work` (each group's sorted (j, src) micro-batches): its
+    chunks in start order as a read-only (n, 3) int64 array of (kind, src, j) rows, and the round
+    each chunk started in (int64 array)."""
+    sched = get_schedule(plan.schedule)
+    dp = plan.dp
+    last = [len(st) - 1 for st in plan.replicas]
+    keys = list(work)
+    index = {g: k for k, g in enumerate(keys)}
+    # at[src][i][j]: index of the group that runs stage i of (src, j).
+    at = [
+        [[index.get((src, i), -1)] * plan.microbatches[src] for i in range(len(stages))]
+        for src, stages in enumerate(plan.replicas)
+    ]
+    for (src, j, i), d in plan._exec.items():
+        at[src][i][j] = index[(d, i)]
+    # Per group: one record [heap of ready F codes, live count, live limit] per source replica
+    # (`recs`, and `by_src` by source index); B and W ready chunks as heaps of codes.
+    recs: list[list[list]] = []
+    by_src: list[list] = []
+    for g, items in work.items():
+        count: dict[int, int] = {}
+        for _, src in items:
+            count[src] = count.get(src, 0) + 1
+        p = len(plan.replicas[g[0]])
+        own = {src: [[], 0, sched.live(n, g[1], p)] for src, n in count.items()}
+        if g[1] == 0:
+            for j, src in items:  # sorted by (j, src): each heap is a sorted list
+                own[src][0].append(j * dp + src)
+        recs.append(list(own.values()))
+        by_src.append([own.get(src) for src in range(dp)])
+    n = len(keys)
+    C = dp * max(plan.microbatches)  # codes are < C
+    ready_b: list[list[int]] = [[] for _ in keys]
+    ready_w: list[list[int]] = [[] for _ in keys]
+    grad_kind = sched.grad_kind
+    one_f_one_b = sched.list_w_follows_b
+    # 1F1B runs each W right after its B (`forced`), so W is never picked on its own there.
+    preference = sched.list_preference
+    started: list[list[int]] = [[] for _ in keys]  # per group: (round * 3 + kind) * C + code
+    forced = [-1] * n
+    stage = [g[1] for g in keys]
+    total = sum(3 * len(v) for v in work.values())
+    done = now = 0
+    heappush, heappop = heapq.heappush, heapq.heappop
+
+    # Groups that may have work (every group with a chunk it could start is in it); `on` marks them.
+    active = [k for k in range(n) if stage[k] == 0]
+    on = [False] * n
+    for k in active:
+        on[k] = True
+    # A B has effects at the end of its round only when its W is queued or the gradient leaves
+    # after it; under 1F1B (W forced right after B, gradient after W) it has none, only a count.
+    track_b = not one_f_one_b or grad_kind == B
+    while done < total:
+        ran_f: list[tuple[int, int]] = []  # (group, code) per kind run this round
+        ran_b: list[tuple[int, int]] = []
+        ran_w: list[tuple[int, int]] = []
+        n_b = 0  # untracked Bs run this round
+        idle = False
+        at_f = now * 3 * C  # the recorded start of chunk code c of kind K this round is at_K + c
+        at_b = at_f + C
+        at_w = at_b + C
+        for k in active:
+            c = forced[k]
+            if c >= 0:
+                forced[k] = -1  # 1F1B: the W of the B just run (never queued)
+                by_src[k][c % dp][1] -= 1
+                started[k].append(at_w + c)
+                ran_w.append((k, c))
+                continue
+            for kd in preference:
+                if kd == B:
+                    heap = ready_b[k]
+                    if heap:
+                        c = heappop(heap)
+                        if one_f_one_b:
+                            forced[k] = c
+                        started[k].append(at_b + c)
+                        if track_b:
+                            ran_b.append((k, c))
+                        else:
+                            n_b += 1
+                        break
+                elif kd == F:
+                    c = -1  # the ready F of lowest code whose source has room
+                    for rec in recs[k]:
+                        h = rec[0]
+                        if h and rec[1] < rec[2] and (c < 0 or h[0] < c):
+                            c, room = h[0], rec
+                    if c >= 0:
+                        heappop(room[0])
+                        room[1] += 1
+                        started[k].append(at_f + c)
+                        ran_f.append((k, c))
+                        break
+                else:
+                    heap = ready_w[k]
+                    if heap:
+                        c = heappop(heap)
+                        by_src[k][c % dp][1] -= 1
+                        started[k].append(at_w + c)
+                        ran_w.append((k, c))
+                        break
+            else:
+                on[k] = False
+                idle = True
+        ran_n = len(ran_f) + len(ran_b) + len(ran_w) + n_b
+        assert ran_n, "list scheduling stalled: no group could start a chunk"
+        done += ran_n
+        now += 1
+        if idle:
+            active = [k for k in active if on[k]]
+        for k, c in ran_f:
+            i = stage[k] + 1
+            j, src = divmod(c, dp)
+            if i <= last[src]:
+                t = at[src][i][j]
+                heappush(by_src[t][src][0], c)
+                if not on[t]:
+                    on[t] = True
+                    active.append(t)
+            else:
+                heappush(ready_b[k], c)  # k runs every stage-i chunk of (src, j)
+        if not one_f_one_b:
+            for k, c in ran_b:
+                heappush(ready_w[k], c)
+        for k, c in ran_b if grad_kind == B else ran_w:
+            i = stage[k] - 1
+            if i >= 0:
+                j, src = divmod(c, dp)
+                t = at[src][i][j]
+                heappush(ready_b[t], c)
+                if not on[t]:
+                    on[t] = True
+                    active.append(t)
+    return _decode(keys, started, C, dp)
+
+
+def _decode(keys: list[GroupKey], started: list[list[int]], C: int, dp: int) -> tuple[dict, dict]:
+    """The recorded starts as (n, 3) arrays and rounds per group (numpy, one pass)."""
+    sizes = [len(s) for s in started]
+    flat = np.fromiter(itertools.chain.from_iterable(started), np.int64, sum(sizes))
+    slot, code = np.divmod(flat, C)
+    rounds, kind = np.divmod(slot, 3)
+    j, src = np.divmod(code, dp)
+    table = np.stack([kind, src, j], axis=1)  # (N, 3)
+    table.setflags(write=False)
+    rounds.setflags(write=False)
+    arrays, by_round = {}, {}
+    at = 0
+    for g, size in zip(keys, sizes):
+        arrays[g] = table[at : at + size]
+        by_round[g] = rounds[at : at + size]
+        at += size
+    return arrays, by_round
