@@ -94,7 +94,7 @@ from .protocol import (
     Stopping,
     Verdict,
 )
-from .transport import Channel, Unreachable
+from .transport import Channel, Unreachable, never_reconnect
 
 JOIN_TIMEOUT_S = 10.0  # rendezvous + group building of a generation, once every member is at `go`
 
@@ -107,6 +107,7 @@ def member_main(blob: bytes, beats: Channel, results: Channel, agent: int) -> No
     """Process entry point (spawned by the agent process `agent`); `blob`: its `MemberArgs`.
     `beats`: the agent's heartbeat channel; `results`: the controller's."""
     args = MemberArgs.decode(blob)
+    never_reconnect()  # a member that lost the store is done: its agent fences the node
     watch(agent, lambda: os._exit(3))  # a dead agent (a dead node) takes its members down
     # The modules preloaded by the forkserver (torch, ...) are millions of objects: a full
     # collection over them holds the GIL for 0.1-1 s, which silences the heartbeat thread; frozen,

@@ -63,7 +63,8 @@ class Unreachable(OSError):
 
 
 _clients: dict[tuple, object] = {}  # (pid, host, port) -> this process's non-blocking client
-_failures: dict[tuple, int] = {}  # (pid, host, port) -> connection attempts that failed
+_failures: dict[tuple, int] = {}  # (pid, host, port) -> connections that failed or broke
+_reconnect = [True]  # whether this process connects again after a failure (`never_reconnect`)
 _lock = threading.Lock()
 
 
@@ -95,7 +96,7 @@ def _client(host: str, port: int):
     failures = _failures.get(key, 0)
     with _lock:
         if key not in _clients:
-            if _failures.get(key, 0) != failures:
+            if _failures.get(key, 0) != failures or (failures and not _reconnect[0]):
                 raise Unreachable(f"store {host}:{port}: not reachable")
             import torch.distributed as dist
 
@@ -116,9 +117,17 @@ def _client(host: str, port: int):
 
 
 def _drop(host: str, port: int) -> None:
-    """Forget a client that failed: the next call connects afresh."""
+    """Forget a client that failed: the next call connects afresh (unless `never_reconnect`)."""
+    key = (os.getpid(), host, port)
     with _lock:
-        _clients.pop((os.getpid(), host, port), None)
+        if _clients.pop(key, None) is not None:
+            _failures[key] = _failures.get(key, 0) + 1
+
+
+def never_reconnect() -> None:
+    """From now on this process gives a store up at its first failure (a member: its agent fences
+    the node; a reconnect attempt would only print torch's connect errors on the way out)."""
+    _reconnect[0] = False
 
 
 def _first_line(e: BaseException) -> str:
