@@ -42,7 +42,8 @@ from datetime import timedelta
 from .protocol import decode, encode
 
 INBOX = "resihp/controller"
-CONNECT_TIMEOUT_S = 1.0  # one attempt to reach the store (a reconnecting agent tries again)
+CONNECT_TIMEOUT_S = 30.0  # a process's first connection (a loaded store answers many at once slowly)
+RECONNECT_TIMEOUT_S = 1.0  # an attempt after a failure (a reconnecting agent tries again)
 POLL_S = (0.0005, 0.005)  # a waiting `recv` polls its queue first this often, backing off to that
 
 
@@ -100,14 +101,15 @@ def _client(host: str, port: int):
                 raise Unreachable(f"store {host}:{port}: not reachable")
             import torch.distributed as dist
 
+            timeout_s = RECONNECT_TIMEOUT_S if failures else CONNECT_TIMEOUT_S
             try:  # a refused or silent address fails at once (torch retries for ~2x its timeout)
-                socket.create_connection((host, port), CONNECT_TIMEOUT_S).close()
+                socket.create_connection((host, port), timeout_s).close()
             except OSError as e:
                 _failures[key] = failures + 1
                 raise Unreachable(f"store {host}:{port}: {e}") from None
             try:
                 _clients[key] = dist.TCPStore(
-                    host, port, is_master=False, timeout=timedelta(seconds=CONNECT_TIMEOUT_S),
+                    host, port, is_master=False, timeout=timedelta(seconds=timeout_s),
                     wait_for_workers=False,
                 )  # fmt: skip
             except RuntimeError as e:  # DistNetworkError, DistStoreError
