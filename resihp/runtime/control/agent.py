@@ -105,8 +105,9 @@ def agent_main(
     with), the agent SIGKILLs its members and exits `FENCED_EXIT` (with `say`, after one line on
     stderr; an agent forked by `resihp train` dies quietly with its controller), so no member of
     a node cut off from its controller outlives the timeout, nor serves on once fenced. With
-    `child` (an agent the controller forked on its own host), it also fences as soon as its
-    parent is gone (`pids.orphaned`, within `pids.WATCH_S`). With `say`, SIGINT / SIGTERM kill
+    `child` (an agent the controller forked on its own host), it fences as soon as its parent is
+    gone (`pids.orphaned`, within `pids.WATCH_S`) instead of on the store's silence (on one host
+    a late store is load, not a partition). With `say`, SIGINT / SIGTERM kill
     the members and exit 130 / 143 after one line."""
     shield()
     user_level = "TORCH_CPP_LOG_LEVEL" in os.environ
@@ -210,8 +211,8 @@ def agent_main(
                         with lock:
                             del procs[dev]
                             last.pop(dev, None)
-            except Unreachable:
-                if reach.lost():
+            except Unreachable:  # (an agent forked here follows its parent instead: `orphaned`)
+                if not child and reach.lost():
                     fenced()
                 time.sleep(EXIT_POLL_S)
             if signals:

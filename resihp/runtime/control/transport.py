@@ -44,6 +44,7 @@ from .protocol import decode, encode
 INBOX = "resihp/controller"
 CONNECT_TIMEOUT_S = 30.0  # a process's first connection (a loaded store answers many at once slowly)
 RECONNECT_TIMEOUT_S = 1.0  # an attempt after a failure (a reconnecting agent tries again)
+OP_TIMEOUT_S = 10.0  # one call on a connected client (a loaded store answers late, not never)
 POLL_S = (0.0005, 0.005)  # a waiting `recv` polls its queue first this often, backing off to that
 
 
@@ -115,6 +116,7 @@ def _client(host: str, port: int):
             except RuntimeError as e:  # DistNetworkError, DistStoreError
                 _failures[key] = failures + 1
                 raise Unreachable(f"store {host}:{port}: {_first_line(e)}") from None
+            _clients[key].set_timeout(timedelta(seconds=OP_TIMEOUT_S))
         return _clients[key]
 
 
