@@ -13,7 +13,8 @@ on one node). An agent (`agent_main`, one process per node)
 * receives its members' `Heartbeat`s on its node's heartbeat channel and forwards them, with its
   own, every `HEARTBEAT_S` as an `AgentBeat` (device -> arrival of its last beat, agent clock): who
   is hung is judged in one place, the controller's `liveness.Liveness`, by arrival on its own clock;
-* fences itself when the controller is out of reach for `controller_timeout_s` (`Reach`): kills
+* fences itself when the controller is gone — out of reach for `controller_timeout_s` (`Reach`),
+  or, for an agent forked on the controller's host, its parent dead — or fenced the node: kills
   its members and exits; a member exits when its agent is gone (`pids.watch`, on its own host), so
   a dead agent — a dead node — takes its workers down.
 
