@@ -18,7 +18,18 @@ import threading
 
 from resihp.sched.registry import POLICIES, describe
 
-from . import data_cmd, demo_cmd, detect_cmd, export_cmd, plan_cmd, report_cmd, simulate_cmd, train_cmd
+from . import (
+    agent_cmd,
+    controller_cmd,
+    data_cmd,
+    demo_cmd,
+    detect_cmd,
+    export_cmd,
+    plan_cmd,
+    report_cmd,
+    simulate_cmd,
+    train_cmd,
+)
 
 
 def _policies(args) -> int:
@@ -39,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("policies", help="list the policy names, one line each").set_defaults(run=_policies)
     detect_cmd.add_parser(sub)
     train_cmd.add_parser(sub)
+    controller_cmd.add_parser(sub)
+    agent_cmd.add_parser(sub)
     export_cmd.add_parser(sub)
     data_cmd.add_parser(sub)
     return parser

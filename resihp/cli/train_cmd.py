@@ -25,6 +25,12 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "train", help="train a tiny LLaMA on local workers (CPU gloo; CUDA NCCL with [run] device)"
     )
+    add_options(p)
+    p.set_defaults(run=run)
+
+
+def add_options(p) -> None:
+    """The options of a run (`resihp train`, `resihp controller`)."""
     p.add_argument("--config", help="training config TOML ([model] [parallel] [workload] [optim] [run])")
     p.add_argument("--iterations", type=int, help="override run.iterations")
     p.add_argument("--faults", help="faults TOML ([[faults]] stop/slow/link keyed by at_iter) to inject")
@@ -34,10 +40,10 @@ def add_parser(sub) -> None:
     p.add_argument("--json", dest="json_out", help="write per-iteration loss, time, samples, events")
     p.add_argument("--trace", help="write per-device, per-instruction timings as JSON lines")
     p.add_argument("--quiet", action="store_true", help="no live progress or events on stderr")
-    p.set_defaults(run=run)
 
 
-def run(args) -> int:
+def run(args, listen: tuple[str, int] | None = None) -> int:
+    """`listen`: `resihp controller`'s address (its agents register there; `run.nodes` needed)."""
     from dataclasses import replace
 
     from resihp.core.files import check_dir, check_input, check_outputs, read_toml
@@ -66,6 +72,8 @@ def run(args) -> int:
         config = replace(config, checkpoint_dir=args.checkpoint_dir)
     if args.checkpoint_every is not None:
         config = replace(config, checkpoint_every=args.checkpoint_every)
+    if listen is not None and config.nodes is None:
+        raise ValueError("run.nodes is not set: `resihp controller` needs it (with run.devices_per_node)")
     plan = config.plan()
     if args.resume is None:  # with --resume, run_training checks against the checkpoint's iteration
         check_run(config, plan)
@@ -86,7 +94,7 @@ def run(args) -> int:
     from resihp.runtime.job import Interrupted, WorkerFailed
 
     try:
-        result = run_training(config, progress=not args.quiet, resume=args.resume)
+        result = run_training(config, progress=not args.quiet, resume=args.resume, listen=listen)
     except (WorkerFailed, Interrupted) as stop:
         return stopped(stop, args.json_out)
     summary(result)

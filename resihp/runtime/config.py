@@ -46,6 +46,9 @@ TOML layout (every key optional; defaults = the embedded default job):
     link_mb_per_s = 0.0          # nominal P2P bandwidth, MB/s: a block of B bytes takes >= B/bw (0: off)
     heartbeat_timeout_s = 3.0    # a worker silent this long is hung: killed, then a fail-stop (1 to 60)
     devices_per_node = 8         # optional: devices d // devices_per_node share a node agent (default: all)
+    nodes = 2                    # `resihp controller`: agents (node ranks 0..n-1) that register
+    controller_timeout_s = 2.0   # an agent that cannot reach the controller this long kills its members
+    controller_wait_s = 60.0     # how long the controller waits for the agents to register
     detect_slow = true           # watch live timings for fail-slows and slow links, replan (false: off)
     device = "cpu"               # cpu | cuda: one local GPU per member (its local rank on the node)
     backend = "gloo"             # gloo (cpu) | nccl (cuda); default: the device's
@@ -77,6 +80,7 @@ from resihp.sched.base import Policy
 from resihp.sched.registry import build_policy
 
 from .checks import check_fits
+from .control.hosting import CONTROLLER_TIMEOUT_S, CONTROLLER_WAIT_S, check_hosting
 from .control.liveness import HEARTBEAT_TIMEOUT_RANGE_S, HEARTBEAT_TIMEOUT_S
 from .job import BACKENDS, DEVICES, PRECISIONS, JobSpec, OptimConfig
 
@@ -118,6 +122,9 @@ SECTIONS: dict[str, dict[str, str]] = {
         "link_mb_per_s": "link_mb_per_s",
         "heartbeat_timeout_s": "heartbeat_timeout_s",
         "devices_per_node": "devices_per_node",
+        "nodes": "nodes",
+        "controller_timeout_s": "controller_timeout_s",
+        "controller_wait_s": "controller_wait_s",
         "detect_slow": "detect_slow",
         "device": "device",
         "backend": "backend",
@@ -168,6 +175,9 @@ class TrainConfig:
     link_mb_per_s: float = 0.0
     heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S
     devices_per_node: int | None = None  # None: every device on one node (one agent)
+    nodes: int | None = None  # `resihp controller`: the agents that register (control/hosting.py)
+    controller_timeout_s: float = CONTROLLER_TIMEOUT_S
+    controller_wait_s: float = CONTROLLER_WAIT_S
     detect_slow: bool = True
     device: str = "cpu"
     backend: str | None = None  # None: the device's (`job.BACKENDS`)
@@ -207,6 +217,7 @@ class TrainConfig:
                 f"run.devices_per_node = {v!r}: must be a positive integer (devices d with the same "
                 "d // devices_per_node share a node agent; leave it out for one node)"
             )
+        check_hosting(self.nodes, self.controller_timeout_s, self.controller_wait_s, v, self.workers)
         if self.device not in DEVICES:
             raise ValueError(f"run.device = {self.device!r}: allowed: {', '.join(DEVICES)}")
         want = BACKENDS[self.device]

@@ -32,6 +32,7 @@ from resihp.sched.base import Policy
 from .checks import check_fits, check_run
 from .config import TrainConfig
 from .control.controller import launch_elastic
+from .control.hosting import Hosting
 from .control.protocol import Reached
 from .job import Interrupted, WorkerFailed
 from .live import Progress
@@ -66,6 +67,7 @@ def run_training(
     replans: list[tuple[int, Plan]] | tuple = (),
     policy: Policy | None | object = FROM_CONFIG,
     resume: str | None = None,
+    listen: tuple[str, int] | None = None,
 ) -> dict:
     """Train `config` (default: the embedded job) under `plan` (default: `config.plan()`).
 
@@ -84,6 +86,9 @@ def run_training(
     `config.checkpoint_every` saves the committed state periodically (`checkpoint.py`); `resume`
     (a checkpoint directory, or a `checkpoint_dir` with a `latest`) restarts the job from it under
     `plan`, which may differ from the one that wrote it: iterations `[checkpoint, config.iterations)`.
+
+    `listen`: (host, port) where the controller's store listens for the `run.nodes` agents that
+    `resihp agent` starts (`resihp controller`; None: the embedded agents, forked here).
 
     `progress`: live progress and events on stderr (`live.Progress`). A job that cannot go on
     raises `WorkerFailed`, one stopped by SIGINT / SIGTERM `Interrupted` — after every process is
@@ -150,6 +155,13 @@ def run_training(
                 policy=config.build_policy() if policy is FROM_CONFIG else policy,
                 heartbeat_timeout_s=float(config.heartbeat_timeout_s),
                 devices_per_node=config.devices_per_node,
+                hosting=Hosting(
+                    listen or ("127.0.0.1", 0),
+                    config.nodes if listen else None,
+                    config.controller_wait_s,
+                    config.controller_timeout_s,
+                    config.devices_per_node,
+                ),  # fmt: skip
             )
         except (WorkerFailed, Interrupted) as stop:
             assert stop.output is not None, "the controller attaches what it had"

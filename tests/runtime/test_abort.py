@@ -49,14 +49,16 @@ def _leave_with_a_hanging_abort(results, beats) -> None:
 def test_a_member_whose_abort_hangs_exits_with_its_code():
     """The member says when it stops, then exits with `ABORT_HUNG_EXIT` (what its agent reports and
     the controller turns into a fail-stop and a re-join) shortly after the bound."""
-    transport = Transport()
-    results, beats = transport.channel(), transport.channel()
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    transport = Transport("127.0.0.1", store.port)
+    results, beats = transport.inbox(), transport.beats(0)
     proc = mp.get_context("spawn").Process(target=_leave_with_a_hanging_abort, args=(results, beats))
     proc.start()
     proc.join(60)
     assert proc.exitcode == ABORT_HUNG_EXIT, proc.exitcode
     msg = results.recv(5.0)
     assert msg is not None and msg.kind is Kind.STOPPING and msg.device == 7
+    transport.close()
 
 
 def test_the_watch_aborts_once_when_the_controller_aborts_the_iteration():
@@ -106,4 +108,4 @@ def test_the_controller_has_a_member_whose_abort_hung_rejoin():
         assert c.due.rejoins == {3: [3]} and 3 not in c.members
     finally:
         c.procs.close(0.0)
-        c.results.close()
+        c.transport.close()

@@ -34,7 +34,7 @@ TORCH_FREE = [
     "job", "faults", "checks", "config", "control.protocol", "control.transport", "control.liveness",
     "control.pids", "control.agent", "control.processes", "control.boundaries", "adapt.reconfig",
     "adapt.slowwatch", "adapt.calibrate", "state.dirlock", "control.signals", "control.events",
-    "control.failover", "exec.p2p",
+    "control.failover", "exec.p2p", "control.hosting", "control.remote", "control.serve",
 ]  # fmt: skip
 
 

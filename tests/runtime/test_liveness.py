@@ -123,7 +123,8 @@ def test_inbox_dates_forwarded_beats_by_their_age_and_applies_process_reports():
 
 def test_a_silent_agent_loses_its_node_and_every_running_device_of_it():
     """An agent silent for the heartbeat timeout is killed and its node's devices still running are
-    fenced (exit code -SIGKILL); finished devices and other nodes stay as they are."""
+    fenced (exit code -SIGKILL), its channels emptied; finished devices and other nodes stay as
+    they are."""
 
     class Proc:  # an agent process that is alive but says nothing (SIGSTOPped, or a lost machine)
         exitcode, killed = None, False
@@ -134,13 +135,27 @@ def test_a_silent_agent_loses_its_node_and_every_running_device_of_it():
         def join(self, timeout=None):
             pass
 
-        def abandon(self):  # (standing in for its command channel too)
-            pass
+    class Emptied(queue.Queue):  # a node's channel queue in the store: emptied when its node is lost
+        def delete(self):
+            emptied.append(self.key)
 
-    agents = Agents(None, None, 2, timeout_s=2.0, start_timeout_s=10.0)
+    class Store:  # the channels a transport names, kept in memory
+        def channel(self, key):
+            q = Emptied()
+            q.key = key
+            return Channel(q)
+
+        def commands(self, node):
+            return self.channel(("commands", node))
+
+        def beats(self, node):
+            return self.channel(("beats", node))
+
+    emptied = []
+    agents = Agents(Store(), 2, timeout_s=2.0, start_timeout_s=10.0)
     procs = {0: Proc(), 1: Proc()}
     for node, proc in procs.items():
-        agents.procs[node], agents.commands[node], agents.beats[node] = proc, proc, None
+        agents.procs[node] = proc
         agents.liveness.spawn(node, 0.0)
     agents.code = {0: None, 1: None, 2: None, 3: 0}  # device 3 finished
     agents.liveness.beat(0, 9.0)
@@ -148,6 +163,7 @@ def test_a_silent_agent_loses_its_node_and_every_running_device_of_it():
     assert agents.lost(9.0) == {}
     assert agents.lost(10.0) == {1: [2]} and procs[1].killed and not procs[0].killed
     assert agents.code == {0: None, 1: None, 2: -9, 3: 0} and set(agents.procs) == {0}
+    assert emptied == [("commands", 1), ("beats", 1)]  # a fresh agent of node 1 reads nothing stale
     assert agents.lost(10.5) == {} and agents.unstarted(100.0) == []
 
 

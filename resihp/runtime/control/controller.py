@@ -1,8 +1,8 @@
 """Controller of the elastic runtime: commits iterations, publishes Plan generations, survives stops.
 
-The controller (the calling process) hosts the `TCPStore` and reads the members' messages; one agent
-process per node (`agent.py`) spawns, watches, kills and reaps that node's member processes
-(`member.py`). docs/runtime.md tells the whole protocol; in short:
+The controller (the calling process) hosts the `TCPStore`, the only wire, and reads the members'
+messages; one agent per node (`agent.py`, `hosting.py`) spawns, watches, kills and reaps that
+node's member processes (`member.py`). docs/runtime.md tells the whole protocol; in short:
 
 * Commit: iteration k of generation g is committed when every plan device of g reported `Reached`;
   the controller writes `decision/{g}/{k}` = `Verdict.COMMIT` (or `NEXT` after publishing
@@ -31,8 +31,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import torch.distributed as dist
-
 from resihp.core.faults import FaultSpec
 from resihp.core.plan import Plan
 from resihp.sched.base import Policy
@@ -51,6 +49,7 @@ from .board import Board
 from .boundaries import Boundaries
 from .events import EventLog
 from .failover import Failover
+from .hosting import Hosting
 from .liveness import HEARTBEAT_TIMEOUT_S, START_TIMEOUT_S, JoinBarrier, Liveness
 from .processes import Processes
 from .protocol import (
@@ -90,6 +89,7 @@ def launch_elastic(
     heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
     start_timeout_s: float = START_TIMEOUT_S,
     devices_per_node: int | None = None,
+    hosting: Hosting | None = None,
 ) -> dict:
     """Run `job` from `plan` (generation 0), switching to each `(iteration, plan)` of `replans` at
     that iteration boundary and recovering from member deaths (docs/runtime.md).
@@ -104,19 +104,18 @@ def launch_elastic(
     `policy` None: the `rebalance_slow` / `shrink_plan` rules. A member silent for
     `heartbeat_timeout_s` is killed (a fail-stop); one with no heartbeat `start_timeout_s` after
     its spawn fails the job. Devices with the same `d // devices_per_node` (None: all) form a node
-    with one agent; a node whose agent dies or goes silent loses them all.
+    with one agent (`hosting`: where the store listens, where agents come from; None: forked here).
 
     Returns {"records": {it: [trace records]}, "state": replica -> full state dict of the final
     plan (with `job.return_state`), "events" (in the order made), "plans", "pids": every agent and
     member process, "faults": (fault as given, iteration, seconds on the clock) of every time-keyed
-    fault resolved}. A job that cannot go on raises `WorkerFailed`, one stopped by SIGINT or SIGTERM
-    `Interrupted`; either carries that result up to the stop (`output`) and the user's way on
-    (`advice`).
+    fault resolved}. A job that cannot go on raises `WorkerFailed`, one stopped by SIGINT or
+    SIGTERM `Interrupted`; either carries that result up to the stop (`output`) and the way on (`advice`).
     """
     return Controller(
         plan, job, faults=faults, replans=replans, on_commit=on_commit, on_event=on_event,
         detect_slow=detect_slow, policy=policy, heartbeat_timeout_s=heartbeat_timeout_s,
-        start_timeout_s=start_timeout_s, devices_per_node=devices_per_node,
+        start_timeout_s=start_timeout_s, devices_per_node=devices_per_node, hosting=hosting,
     ).run()  # fmt: skip
 
 
@@ -144,15 +143,16 @@ class Controller:
         heartbeat_timeout_s: float,
         start_timeout_s: float,
         devices_per_node: int | None,
+        hosting: Hosting | None = None,
     ) -> None:
         self.plan, self.job, self.on_commit, self.policy = plan, job, on_commit, policy
         self.devices_per_node, self.end = devices_per_node, job.start_iteration + job.iterations
         self.timed = TimedFaults(faults, job.start_iteration, self.end)
         self.due = Boundaries(replans, self.timed.faults, self.end)
-        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        hosting = hosting or Hosting(devices_per_node=devices_per_node)
+        self.store = hosting.store()
         self.board = Board(self.store)
-        transport = Transport()
-        self.results = transport.channel()
+        self.transport = Transport(hosting.listen[0], self.store.port)
         self.gen, self.cur, self.it = 0, plan, job.start_iteration
         self.members = set(plan.devices()) | set(plan.standby)
         body0 = Generation(0, plan, tuple(sorted(self.members)), self.it, None, tuple(self.timed.faults))
@@ -166,8 +166,8 @@ class Controller:
         self.saved: dict[tuple, set[int]] = {}  # (generation, iteration) -> savers that wrote
         liveness = Liveness(heartbeat_timeout_s, start_timeout_s)
         self.procs = Processes(
-            transport, self.results, liveness, devices_per_node, heartbeat_timeout_s, start_timeout_s,
-            self.handlers(),
+            self.transport, self.transport.inbox(), liveness, devices_per_node, heartbeat_timeout_s,
+            start_timeout_s, self.handlers(), hosting=hosting,
         )  # fmt: skip
         self.barrier = JoinBarrier()
         self.barrier.open(0, self.members)
@@ -191,7 +191,7 @@ class Controller:
                     self.procs.close(10.0)  # every member said done: let them exit
                 finally:  # (WorkerFailed carries `agents.pids`: complete once this read the last reports)
                     self.procs.close(0.0)
-                    self.results.close()
+                    self.transport.close()
                     self.store = None  # shut the TCPStore down with its last reference
         except (WorkerFailed, Interrupted) as stop:
             stop.advice = advice(self.job, self.log.events, failed=isinstance(stop, WorkerFailed))
@@ -253,7 +253,7 @@ class Controller:
         )
 
     def spawn(self, dev: int, body: Generation) -> None:
-        self.procs.spawn(dev, MemberArgs(body, self.job, dev, self.store.port).encode())
+        self.procs.spawn(dev, MemberArgs(body, self.job, dev, self.store.port, self.transport.host).encode())
         for got in self.joined_devs.values():  # a fresh process holds nothing of earlier generations
             got.discard(dev)
         self.barrier.seen.discard(dev)  # and has reached no barrier yet

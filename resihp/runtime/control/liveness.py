@@ -2,7 +2,7 @@
 
 Torch-free; the controller (`controller.py`, `processes.py`) judges, members and agents beat.
 
-* Heartbeats: every member process sends a `Heartbeat` on its node agent's channel every
+* Heartbeats: every member process sends a `Heartbeat` on its node's heartbeat channel every
   `HEARTBEAT_S` from a daemon thread (`HeartbeatThread`). Gloo and store waits release the GIL, so
   a member blocked in a collective still beats; only a dead or frozen process (SIGSTOP, a hung
   device) goes silent. The agent (`agent.py`) forwards its members' last beats with its own beat,
@@ -96,11 +96,9 @@ class HeartbeatThread:
         self.thread.start()
 
     def stop(self) -> None:
-        """Silence the thread and flush the channel: a process that then exits or freezes holds no
-        lock of the agent's channel (killed or frozen mid-write, it would silence its whole node)."""
+        """Silence the thread (its last beat, if one is on its way, is sent whole: a store push)."""
         self.quiet.set()
         self.thread.join(1.0)
-        self.beats.flush()
 
 
 class Inbox:

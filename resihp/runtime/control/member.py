@@ -24,8 +24,9 @@ down like a generation, reported as `Abort`, and the member waits for g+1. A mem
 it held when it left each generation it joined (`held`), so g+1 can transfer from the last
 generation every survivor joined (the body's `source`), even when g itself never ran an iteration.
 
-A member is spawned by its node's agent (`agent.py`) and exits when that agent is gone. It beats: a
-daemon thread sends a `Heartbeat` on the agent's channel every `HEARTBEAT_S`
+A member is spawned by its node's agent (`agent.py`) and exits when that agent is gone. It reaches
+the controller's store at the address its `MemberArgs` name. It beats: a daemon thread sends a
+`Heartbeat` on its node's heartbeat channel every `HEARTBEAT_S`
 (`liveness.HeartbeatThread`), whatever the main thread waits for, and the agent forwards the beats
 to the controller; a frozen process goes silent and the controller has its agent kill it
 (`liveness.Liveness`). Every other message goes straight to the controller's channel.
@@ -93,7 +94,7 @@ from .protocol import (
     Stopping,
     Verdict,
 )
-from .transport import Channel
+from .transport import Channel, Unreachable, never_reconnect
 
 JOIN_TIMEOUT_S = 10.0  # rendezvous + group building of a generation, once every member is at `go`
 
@@ -106,6 +107,7 @@ def member_main(blob: bytes, beats: Channel, results: Channel, agent: int) -> No
     """Process entry point (spawned by the agent process `agent`); `blob`: its `MemberArgs`.
     `beats`: the agent's heartbeat channel; `results`: the controller's."""
     args = MemberArgs.decode(blob)
+    never_reconnect()  # a member that lost the store is done: its agent fences the node
     watch(agent, lambda: os._exit(3))  # a dead agent (a dead node) takes its members down
     # The modules preloaded by the forkserver (torch, ...) are millions of objects: a full
     # collection over them holds the GIL for 0.1-1 s, which silences the heartbeat thread; frozen,
@@ -116,25 +118,27 @@ def member_main(blob: bytes, beats: Channel, results: Channel, agent: int) -> No
     def body() -> None:
         torch.set_num_threads(1)
         timeout = timedelta(seconds=PG_TIMEOUT_S)
-        store = dist.TCPStore("127.0.0.1", args.port, is_master=False, timeout=timeout)
+        store = dist.TCPStore(args.host, args.port, is_master=False, timeout=timeout)
         _run(args.generation, args.job, args.device, store, results, heart, args.port)
 
     exit_after(args.device, results, body, heart.stop)
 
 
 def exit_after(device: int, results: Channel, body, before_exit: Callable[[], None] | None = None) -> None:
-    """Run a worker process's `body()`, report an exception to the controller with its traceback,
-    call `before_exit` (the heartbeat's stop), flush the result channel and exit without interpreter
-    teardown (torch's takes seconds)."""
+    """Run a worker process's `body()`, report an exception to the controller with its traceback
+    (unless the controller is out of reach: then its agent fences the node), call `before_exit`
+    (the heartbeat's stop) and exit without interpreter teardown (torch's takes seconds)."""
     try:
         body()
         code = 0
     except BaseException:
-        results.send(Error(device, traceback.format_exc()))
         code = 1
+        try:
+            results.send(Error(device, traceback.format_exc()))
+        except Unreachable:
+            pass
     if before_exit is not None:
         before_exit()
-    results.flush()
     os._exit(code)
 
 
@@ -155,7 +159,6 @@ def _hung(device: int, results: Channel, heart: HeartbeatThread):
     def on_hang() -> None:
         results.send(Stopping(device, -1, time.time(), False))
         heart.stop()
-        results.flush()
         os._exit(ABORT_HUNG_EXIT)
 
     return on_hang
@@ -286,15 +289,12 @@ def _saved(saver: Saver, results, device: int) -> None:
 def fail_now(fault, device: int, it: int, results: Channel, heart: HeartbeatThread | None = None) -> None:
     """Carry out an injected `stop`: say when (for the recovery measurement), then exit hard like a
     crashed process, or, with `hang`, freeze (SIGSTOP: alive but silent, like a hung device).
-    `heart` is stopped first: frozen mid-write, a process would keep a queue's cross-process write
-    lock and silence every member of its node."""
+    `heart` is stopped first (a frozen process must go silent)."""
     results.send(Stopping(device, it, time.time(), fault.hang))
     if heart is not None:
         heart.stop()
     if fault.hang:
-        time.sleep(0.2)  # let the channel's feeder thread deliver the message first
         os.kill(os.getpid(), signal.SIGSTOP)
-    results.flush()
     os._exit(1)
 
 

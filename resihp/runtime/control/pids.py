@@ -1,9 +1,11 @@
 """Local process helpers of the control plane (torch-free, Linux): is a pid running, watch one, kill one
 or a whole tree.
 
-A member watches its agent and an agent its controller (`watch`), so that no process outlives the
-one that started it; `alive` is the tests' orphan check; `kill_tree` ends an agent that does not
-answer together with its forkserver and members.
+A member watches its agent (`watch`) and an agent forked by its controller that controller
+(`orphaned`: its parent), so that no process outlives the one that started it (pids never cross a
+host: a remote agent judges its controller by the store, `agent.Reach`); `alive` is the tests'
+orphan check; `kill_tree` ends an agent that does not answer together with its forkserver and
+members.
 """
 
 from __future__ import annotations
@@ -41,6 +43,20 @@ def watch(pid: int, on_gone, period_s: float = WATCH_S) -> None:
         on_gone()
 
     threading.Thread(target=loop, name=f"watch-{pid}", daemon=True).start()
+
+
+def orphaned(on_gone, period_s: float = WATCH_S) -> None:
+    """Call `on_gone()` (it ends this process) from a daemon thread once this process's parent is
+    gone (it was re-parented): an agent that `resihp train` forked on its own host follows it at
+    once, without waiting for the store's silence."""
+    parent = os.getppid()
+
+    def loop() -> None:
+        while os.getppid() == parent:
+            time.sleep(period_s)
+        on_gone()
+
+    threading.Thread(target=loop, name="orphaned", daemon=True).start()
 
 
 def kill(pid: int) -> None:

@@ -5,6 +5,8 @@ each to `Processes.dispatch` — the one table of every kind it can receive: its
 members' messages, this module's for the agents' reports — and asks, at every turn of its loop, for
 the verdicts (`check_alive`) and the members that died (`dead`):
 
+* Agents: forked on this host (`agent.Agents`, `resihp train`) or started on their machines and
+  admitted before the job starts (`remote.RemoteAgents`, `resihp controller`; `hosting.Hosting`).
 * Liveness (`liveness.py`): every member beats every 0.25 s (through its agent); one silent for
   `heartbeat_timeout_s` is hung (a frozen process, a hung device) and its agent SIGKILLs it — its
   sockets close, so peers blocked in a collective with it fail at once — and from then on it is a
@@ -21,8 +23,10 @@ from collections.abc import Callable, Mapping
 
 from ..job import WorkerFailed
 from .agent import Agents
+from .hosting import Hosting
 from .liveness import Inbox, Liveness, agent_beat
 from .protocol import ABORT_HUNG_EXIT, FROM_MEMBER, TO_CONTROLLER, AgentBeat, Dispatch, Kind
+from .remote import RemoteAgents
 from .transport import Channel, Transport
 
 
@@ -46,9 +50,16 @@ class Processes:
         start_timeout_s: float,
         handlers: Mapping[Kind, Callable],
         clock: Callable[[], float] = time.monotonic,
+        hosting: Hosting | None = None,
     ) -> None:
         self.liveness, self.start_timeout_s, self.clock = liveness, start_timeout_s, clock
-        self.agents = Agents(transport, results, devices_per_node, timeout_s, start_timeout_s)
+        self.hosting = hosting = hosting or Hosting()
+        if hosting.nodes is None:  # the embedded agents: forked on this host as nodes get members
+            self.agents = Agents(
+                transport, devices_per_node, timeout_s, start_timeout_s, hosting.controller_timeout_s
+            )
+        else:
+            self.agents = RemoteAgents(transport, devices_per_node, timeout_s, start_timeout_s, hosting.nodes)
         assert set(handlers) == FROM_MEMBER, sorted(k.value for k in handlers)
         own = {
             Kind.AGENT: self.on_agent,
@@ -62,6 +73,10 @@ class Processes:
         self.killed: dict[int, str] = {}  # device -> why the controller killed it (heartbeat | node)
 
     def spawn(self, dev: int, blob: bytes) -> None:
+        """Have the device's agent start a member; before the first, agents started elsewhere must
+        have registered (`RemoteAgents.admit`)."""
+        if isinstance(self.agents, RemoteAgents) and not self.agents.admitted:
+            self.agents.admit(self.inbox.drain, self.hosting.wait_s)
         self.agents.spawn(dev, blob)
         self.liveness.spawn(dev, self.clock())
         self.stopping.pop(dev, None)

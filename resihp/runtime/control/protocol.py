@@ -7,13 +7,14 @@ Who says what (docs/runtime.md, "Protocol"):
 * member -> its node agent: `Heartbeat`;
 * agent -> controller: `AgentBeat`, `Spawned`, `Exited`;
 * controller -> agent: `Spawn`, `Kill`, `Shutdown`;
-* controller -> members, in the c10d store (`transport.Board`): a `Generation` under `plan/{g}`, a
+* controller -> members, in the c10d store (`board.Board`): a `Generation` under `plan/{g}`, a
   `Gate` under `go/{g}`, a `Decision` under `decision/{g}/{k}`.
 
 Every message names its sender (`device`, or `node` for an agent) and travels as bytes (`encode`,
-`decode`: pickle today; the transport, `transport.py`, never looks inside). A receiver handles its
-messages through one `Dispatch` table, kind -> handler, which raises `ProtocolError` on any kind it
-does not list: a message nobody handles is a bug, never silently dropped.
+`decode`: pickle today; the transport, `transport.py`: queues of the c10d store, never looks
+inside). A receiver handles its messages through one `Dispatch` table, kind -> handler, which
+raises `ProtocolError` on any kind it does not list: a message nobody handles is a bug, never
+silently dropped.
 
 Torch-free: the node agents import it.
 """
@@ -360,12 +361,13 @@ class Decision:
 class MemberArgs:
     """What a member process starts with: its first generation (a member that re-joins a running
     job starts in g > 0: it holds nothing of `source` but takes part in its transfer), the job, its
-    device, and the port of the controller's store."""
+    device, and the address of the controller's store (`host` as the member's host reaches it)."""
 
     generation: Generation
     job: JobSpec
     device: int
     port: int
+    host: str = "127.0.0.1"
 
     def encode(self) -> bytes:
         return pickle.dumps(self)

@@ -1,0 +1,181 @@
+"""The control plane's commit round trip over the c10d store, with fake members and no model.
+
+For each member count n (default 8, 64, 256, 1024) this process plays the controller: it hosts
+the `TCPStore`, reads its inbox (`transport.Channel` + `liveness.Inbox`, as the controller does)
+and, once all n members reported `Reached` for iteration k, writes `decision/0/k`
+(`board.Board.decide`). The members are threads in `--procs` worker processes; each thread, as a
+real member does, sends `Reached` on the controller's channel and blocks on the decision with its
+own store client (`Board.decision`), and beats every 0.25 s on its node's heartbeat channel
+(8 devices per node); one fake agent thread per node drains those beats and sends an `AgentBeat`
+every 0.25 s — the wire's whole steady load, without a model, a gloo group or trace records.
+
+Measured, per n, over `--iterations` commits:
+
+* commit round trip: from writing the decision of k - 1 to writing that of k (every member read
+  it, reported k, and the controller took all n reports) — median and 95th percentile;
+* controller CPU per iteration: this process's CPU time (the controller loop *and* the store's
+  server thread, which runs in the controller's process) divided by the iterations;
+* controller memory: resident set after the members connected and after the last iteration, and
+  the store's key count (one decision key per iteration: the growth that stays).
+
+    .venv/bin/python benchmarks/control_plane.py [--members 8 64 256 1024] [--iterations 1000]
+        [--procs 8] [--json OUT]
+
+The issue's target: <= 20 ms per commit at 256 members on this machine; the growth with members
+is reported. What this does not measure: the controller's own per-iteration bookkeeping of a real
+job (trace records, the slow watch), which grows with the records kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from resihp.runtime.control.liveness import HEARTBEAT_S, Inbox  # noqa: E402
+from resihp.runtime.control.protocol import AgentBeat, Decision, Heartbeat, Kind, Reached, Verdict  # noqa: E402
+from resihp.runtime.control.transport import Transport, Unreachable  # noqa: E402
+
+PER_NODE = 8
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _members(port: int, devices: list[int], iterations: int, ready) -> None:
+    """One worker process: a thread per fake member, and a fake agent per node it hosts."""
+    import torch.distributed as dist
+
+    from resihp.runtime.control.board import Board
+
+    transport = Transport("127.0.0.1", port)
+    results, stop = transport.inbox(), threading.Event()
+
+    def member(dev: int) -> None:
+        board = Board(dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False))
+        beats = transport.beats(dev // PER_NODE)
+
+        def beat() -> None:
+            while not stop.is_set():
+                beats.send(Heartbeat(dev, time.time(), os.getpid()))
+                stop.wait(HEARTBEAT_S)
+
+        threading.Thread(target=beat, daemon=True).start()
+        ready.put(dev)
+        for k in range(iterations):
+            results.send(Reached(dev, 0, k, (), 0.0))
+            board.decision(0, k)
+
+    def agent(node: int) -> None:
+        beats, last = transport.beats(node), {}
+        while not stop.is_set():
+            try:
+                msg = beats.recv()
+                while msg is not None:
+                    last[msg.device] = time.monotonic()
+                    msg = beats.recv()
+                results.send(AgentBeat(node, time.monotonic(), dict(last)))
+            except Unreachable:
+                return
+            stop.wait(HEARTBEAT_S)
+
+    nodes = sorted({d // PER_NODE for d in devices if d % PER_NODE == 0})
+    for node in nodes:
+        threading.Thread(target=agent, args=(node,), daemon=True).start()
+    threads = [threading.Thread(target=member, args=(d,)) for d in devices]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    os._exit(0)
+
+
+def measure(n: int, iterations: int, procs: int) -> dict:
+    import torch.distributed as dist
+
+    from resihp.runtime.control.board import Board
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    board, transport = Board(store), Transport("127.0.0.1", store.port)
+    beats_seen = []
+    inbox = Inbox(transport.inbox(), lambda msg: beats_seen.append(msg.node))
+    ctx = mp.get_context("spawn")
+    ready = ctx.Queue()
+    devices = list(range(n))
+    nodes = sorted({d // PER_NODE for d in devices})  # a node's devices share a process (its agent)
+    k = min(procs, len(nodes))
+    parts = [[d for d in devices if d // PER_NODE in nodes[i::k]] for i in range(k)]
+    workers = [ctx.Process(target=_members, args=(store.port, p, iterations, ready)) for p in parts if p]
+    for w in workers:
+        w.start()
+    for _ in range(n):
+        ready.get(timeout=600)
+    rss0, cpu0 = _rss_mb(), time.process_time()
+    gaps, t_prev = [], time.perf_counter()
+    for k in range(iterations):
+        got = set()
+        while len(got) < n:
+            msg = inbox.get(1.0)
+            if msg is not None:
+                assert msg.kind is Kind.REACHED and msg.iter == k, msg
+                got.add(msg.device)
+        board.decide(0, k, Decision(Verdict.COMMIT))
+        now = time.perf_counter()
+        gaps.append(now - t_prev)
+        t_prev = now
+    cpu = time.process_time() - cpu0
+    rss1, keys = _rss_mb(), store.num_keys()
+    for w in workers:
+        w.join(60)
+    transport.close()
+    steady = sorted(gaps[1:])  # (the first one includes the members' first sends)
+    return {
+        "members": n,
+        "iterations": iterations,
+        "commit_ms_median": 1e3 * statistics.median(steady),
+        "commit_ms_p95": 1e3 * steady[int(0.95 * (len(steady) - 1))],
+        "controller_cpu_ms_per_iter": 1e3 * cpu / iterations,
+        "rss_mb_start": rss0,
+        "rss_mb_end": rss1,
+        "store_keys": keys,
+        "agent_beats": len(beats_seen),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--members", type=int, nargs="+", default=[8, 64, 256, 1024])
+    ap.add_argument("--iterations", type=int, default=1000)
+    ap.add_argument("--procs", type=int, default=8, help="worker processes hosting the fake members")
+    ap.add_argument("--json", dest="json_out")
+    args = ap.parse_args()
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    out = {"load_avg_before": os.getloadavg()[0], "cpus": os.cpu_count(), "runs": []}
+    for n in args.members:
+        row = measure(n, args.iterations, args.procs)
+        out["runs"].append(row)
+        print(
+            "  ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()),
+            flush=True,
+        )
+    out["load_avg_after"] = os.getloadavg()[0]
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

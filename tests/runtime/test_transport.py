@@ -1,0 +1,142 @@
+"""The store transport (`control/transport.py`) and an agent's fencing when its controller is gone.
+
+The channels are queues of a real `TCPStore`; the fencing test runs the store and an agent as
+separate OS processes, as `resihp agent` on another host would be.
+"""
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch.distributed as dist
+
+from resihp.core.model_spec import model_preset
+from resihp.core.plan import Plan
+from resihp.runtime.config import TrainConfig
+from resihp.runtime.control.agent import FENCED_EXIT, Reach
+from resihp.runtime.control.pids import running
+from resihp.runtime.control.protocol import AgentBeat, Generation, Joining, Kind, MemberArgs, Record, Spawn
+from resihp.runtime.control.transport import Transport, Unreachable
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _send_from_a_child(channel, n: int) -> None:
+    for i in range(n):
+        channel.send(Joining(i, 0))
+
+
+def test_store_channels_keep_order_cross_processes_and_say_when_the_store_is_gone():
+    """Messages of one sender arrive in order, also from another process (the channel pickles as
+    its address); two senders' messages all arrive once; `recv` waits up to its timeout and says
+    None; a channel whose store is gone raises `Unreachable` (an OSError) instead of hanging."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    transport = Transport("127.0.0.1", store.port)
+    inbox = transport.inbox()
+    assert inbox.recv() is None
+    t0 = time.perf_counter()
+    assert inbox.recv(0.2) is None and 0.2 <= time.perf_counter() - t0 < 1.0
+    child = mp.get_context("spawn").Process(target=_send_from_a_child, args=(inbox, 50))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert [inbox.recv(5.0) for _ in range(50)] == [Joining(i, 0) for i in range(50)]
+    other = transport.commands(3)
+    threads = [
+        threading.Thread(target=lambda k=k: [other.send(Record(k, {"iter": i})) for i in range(200)])
+        for k in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got = [other.recv(1.0) for _ in range(400)]
+    assert sorted((m.device, m.record["iter"]) for m in got) == [(k, i) for k in range(2) for i in range(200)]
+    assert [m.record["iter"] for m in got if m.device == 1] == list(range(200))
+    assert other.recv() is None and inbox.recv() is None
+    del store  # the controller is gone
+    with pytest.raises(Unreachable):
+        inbox.recv()
+    with pytest.raises(OSError):
+        inbox.recv(0.1)
+    transport.close()
+
+
+def test_reach_is_lost_only_after_the_timeout_since_the_first_failure():
+    reach = Reach(0.2)
+    assert not reach.lost()
+    time.sleep(0.1)
+    reach.ok()  # a call got through: the next failure starts the count again
+    assert not reach.lost()
+    time.sleep(0.25)
+    assert reach.lost()
+
+
+STORE = (
+    "import sys, time, torch.distributed as d\n"
+    "s = d.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False)\n"
+    "print(s.port, flush=True)\n"
+    "time.sleep(600)\n"
+)
+AGENT = (
+    "import sys\n"
+    "from resihp.runtime.control.agent import agent_main\n"
+    "from resihp.runtime.control.transport import Transport\n"
+    "sys.exit(agent_main(1, Transport('127.0.0.1', int(sys.argv[1])), 1.0, say=True))\n"
+)
+
+
+@pytest.mark.slow
+def test_an_agent_cut_off_from_its_controller_kills_its_member_and_exits_with_one_line():
+    """A store (the controller's host) and an agent of node 1 as separate OS processes. The agent
+    spawns a member on the store's command, reports it and forwards its heartbeats; once the
+    store's process is SIGKILLed, the agent kills the member and exits `FENCED_EXIT` within
+    `controller_timeout_s` (1 s) + 2 s, saying one line; nothing is left running."""
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    host = subprocess.Popen([sys.executable, "-c", STORE], stdout=subprocess.PIPE, text=True, env=env)
+    agent = None
+    try:
+        port = int(host.stdout.readline())
+        transport = Transport("127.0.0.1", port)
+        agent = subprocess.Popen(
+            [sys.executable, "-c", AGENT, str(port)], stderr=subprocess.PIPE, text=True, env=env
+        )
+        config = TrainConfig(tp=1, pp=1, dp=1, workers=1, seq_len=32, iterations=2)
+        plan = Plan.uniform(model_preset("tiny"), 1, 1, 1, 1)
+        body = Generation(0, plan, (2,), 0, None, ())  # device 2: node 1's (never let through `go`)
+        transport.commands(1).send(Spawn(2, MemberArgs(body, config.job_spec(plan), 2, port).encode()))
+        inbox, pid, beating = transport.inbox(), None, False
+        deadline = time.monotonic() + 120
+        while not (pid and beating) and time.monotonic() < deadline:
+            msg = inbox.recv(1.0)
+            if msg is not None and msg.kind is Kind.SPAWNED:
+                pid = msg.pid
+            beating |= isinstance(msg, AgentBeat) and 2 in msg.beats
+        assert pid and beating and running(pid)
+        transport.close()
+        host.send_signal(signal.SIGKILL)
+        t0 = time.monotonic()
+        _, err = agent.communicate(timeout=30)
+        took = time.monotonic() - t0
+        lines = err.strip().splitlines()
+        assert agent.returncode == FENCED_EXIT and took < 1.0 + 2.0, (agent.returncode, took, err)
+        assert (
+            len(lines) == 1
+            and lines[0].startswith("resihp agent: node 1: controller at")
+            and ("unreachable for 1 s; killed 1 member(s)" in lines[0])
+        ), err
+        for _ in range(20):
+            if not running(pid):
+                break
+            time.sleep(0.1)
+        assert not running(pid), "the member outlived its fenced agent"
+    finally:
+        for proc in (agent, host):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
