@@ -86,6 +86,11 @@ from .job import BACKENDS, DEVICES, PRECISIONS, JobSpec, OptimConfig
 
 P2P_MODES = ("root", "chunked")
 
+RUN_KEYS = (
+    "iterations", "seed", "workers", "timing", "trace", "faults", "checkpoint_every", "checkpoint_dir",
+    "keep_checkpoints", "snapshots", "link_mb_per_s", "heartbeat_timeout_s", "devices_per_node", "nodes",
+    "controller_timeout_s", "controller_wait_s", "detect_slow", "device", "backend", "precision",
+)  # fmt: skip
 # TOML section -> {key in the file: dataclass field}
 SECTIONS: dict[str, dict[str, str]] = {
     "model": {
@@ -98,38 +103,11 @@ SECTIONS: dict[str, dict[str, str]] = {
     "workload": {"lengths": "lengths", "seed": "data_seed"},
     "data": {"path": "data_path", "dtype": "data_dtype", "eos_id": "eos_id"},
     "optim": {
-        "lr": "lr",
-        "weight_decay": "weight_decay",
-        "betas": "betas",
-        "eps": "eps",
-        "warmup_iters": "warmup_iters",
+        **{k: k for k in ("lr", "weight_decay", "betas", "eps", "warmup_iters", "min_lr", "decay_iters")},
         "schedule": "lr_schedule",
-        "min_lr": "min_lr",
-        "decay_iters": "decay_iters",
         "grad_clip": "grad_clip",
     },
-    "run": {
-        "iterations": "iterations",
-        "seed": "seed",
-        "workers": "workers",
-        "timing": "timing",
-        "trace": "trace",
-        "faults": "faults",
-        "checkpoint_every": "checkpoint_every",
-        "checkpoint_dir": "checkpoint_dir",
-        "keep_checkpoints": "keep_checkpoints",
-        "snapshots": "snapshots",
-        "link_mb_per_s": "link_mb_per_s",
-        "heartbeat_timeout_s": "heartbeat_timeout_s",
-        "devices_per_node": "devices_per_node",
-        "nodes": "nodes",
-        "controller_timeout_s": "controller_timeout_s",
-        "controller_wait_s": "controller_wait_s",
-        "detect_slow": "detect_slow",
-        "device": "device",
-        "backend": "backend",
-        "precision": "precision",
-    },
+    "run": {k: k for k in RUN_KEYS},  # every key is its field's name
     "policy": {"name": "policy"},  # every other key of [policy] is an option of that policy
 }
 _WHERE = {fld: f"{sec}.{key}" for sec, keys in SECTIONS.items() for key, fld in keys.items()}
