@@ -108,7 +108,7 @@ def replay(rec: dict, cfg: TrainConfig) -> dict:
     """Every detector's reports over one recorded run: {name: [(iteration, kind, device, p̂)]}."""
     plan: Plan = cfg.plan()
     workload = cfg.workload()
-    watch = SlowWatch([plan], workload)
+    watch = SlowWatch([plan], workload, cpu=True)
     base = {"filter": ResiHPDetector(DetectorConfig(), mode="filter"), "greyhound": GreyhoundDetector()}
     out: dict[str, list] = {"ours": [], "filter": [], "greyhound": []}
     by_iter: dict[int, list] = {}

@@ -81,12 +81,14 @@ class OnlineConfig:
 @dataclass(frozen=True)
 class Chunks:
     """One device's compute chunks of one iteration: kind index (F 0, B 1, W 2), tokens N, Σl²,
-    measured compute-only seconds; parallel arrays."""
+    measured compute-only seconds; parallel arrays. `cpu_s`: the process's CPU seconds in the
+    iteration, when the device is a CPU (0: not used)."""
 
     kinds: np.ndarray
     n: np.ndarray
     sum_sq: np.ndarray
     measured: np.ndarray
+    cpu_s: float = 0.0
 
 
 def work_classes(plan: Plan) -> dict[int, tuple]:
@@ -101,9 +103,10 @@ def work_classes(plan: Plan) -> dict[int, tuple]:
     return out
 
 
-def record_chunks(plan: Plan, batch, record: Mapping) -> Chunks:
+def record_chunks(plan: Plan, batch, record: Mapping, cpu: bool = False) -> Chunks:
     """A trace record's compute rows (`instrs`, InstrRow or its JSON list) as `Chunks`; `batch` the
-    iteration's `Workload.pack(it, G)` (its micro-batches' Σl²; packed, so N = seq_len)."""
+    iteration's `Workload.pack(it, G)` (its micro-batches' Σl²; packed, so N = seq_len); with
+    `cpu` (a CPU worker), the record's `cpu_s` too."""
     rows = [r for r in record["instrs"] if r[0] in KIND_INDEX]
     mbs = np.array([plan.mb_offset(r[1]) + r[2] for r in rows], dtype=np.int64)
     return Chunks(
@@ -111,6 +114,7 @@ def record_chunks(plan: Plan, batch, record: Mapping) -> Chunks:
         np.full(len(rows), float(batch.seq_len)),
         np.asarray(batch.sum_sq, dtype=np.float64)[mbs] if rows else np.zeros(0),
         np.array([r[3] for r in rows], dtype=np.float64),
+        float(record.get("cpu_s", 0.0)) if cpu else 0.0,
     )
 
 
@@ -156,6 +160,7 @@ class OnlineDetector:
         self.alarms: list[int] = []  # iterations of confirmed change points (observed ÷ predicted)
         self.speeds: dict[int, list[float]] = {}  # device -> its speed s per observed iteration
         self.predicted: dict[int, float] = {}  # iteration -> the ITP's healthy iteration seconds
+        self.judged_at: dict[int, float] = {}  # known-slow device -> its judged speed when reported
 
     def start(self, plan: Plan) -> None:
         """A new generation: new work per device, new fits, new series."""
@@ -163,7 +168,8 @@ class OnlineDetector:
         self.plan, self.classes, self.seen = plan, work_classes(plan), 0
         self.mtp = OnlineMTP(c.keep)
         self.fit_members: dict[tuple, set[int]] = {}
-        self.baked: dict[int, float] = {}
+        self.baked: dict[int, float] = {}  # device -> the speed its own fit holds (wall)
+        self.baked_judged: dict[int, float] = {}  # likewise, on the judged (CPU) scale
         self.excluded: set[int] = set()  # slow already in the warm-up: out of the fits
         self.streak: dict[int, list[float]] = {}  # device -> speeds of its current run of suspicion
         self.itp: ITP | None = None
@@ -171,6 +177,7 @@ class OnlineDetector:
         self.cpd = ResiHPDetector(DetectorConfig(min_shift=0.05, persist_all=True), mode="normalize")
         self.last_alarm = -(1 << 30)
         self.fit_buffer: list[dict[int, Chunks]] = []
+        self.level: dict[tuple, float] | None = None  # class -> CPU level at the fit (`_cpu_levels`)
 
     def observe(
         self, it: int, plan: Plan, chunks: Mapping[int, Chunks], iteration_s: float, tokens=None, sum_sq=None
@@ -192,10 +199,12 @@ class OnlineDetector:
             return []
         resid = self._residuals(chunks)
         speed = self._speeds(resid)
-        for d, s in speed.items():
+        cpu = self._cpu_levels(chunks)
+        judge = self._speeds({d: x / self.level[self.classes[d]] for d, x in cpu.items()}) if cpu else speed
+        for d, s in judge.items():
             self.speeds.setdefault(d, []).append(s * self.baked.get(d, 1.0))
         self._predict(it, iteration_s, tokens, sum_sq, speed)
-        reports = self._decide(it, resid, speed)
+        reports = self._decide(it, resid, speed, judge if cpu else None)
         healthy = {
             d for d in chunks if d not in self.known and d not in self.streak and d not in self.excluded
         }
@@ -231,7 +240,7 @@ class OnlineDetector:
                 break
             resid = {}
             for buf in self.fit_buffer:
-                for d, r in self._residuals(buf).items():
+                for d, r in (self._cpu_levels(buf) or self._residuals(buf)).items():
                     resid.setdefault(d, []).append(r)
             med = {d: float(np.median(v)) for d, v in resid.items()}
             speed = self._speeds(med)
@@ -243,6 +252,28 @@ class OnlineDetector:
             for d in devs:
                 if d in self.known:
                     self.baked[d] = self.known[d]
+                    self.baked_judged[d] = self.judged_at.get(d, self.known[d])
+        levels: dict[tuple, list[float]] = {}
+        for buf in self.fit_buffer:
+            for d, x in self._cpu_levels(buf).items():
+                if d in self.fit_members[self.classes[d]] and d not in self.excluded:
+                    levels.setdefault(self.classes[d], []).append(x)
+        self.level = {cls: float(np.median(v)) for cls, v in levels.items()}
+
+    def _cpu_levels(self, chunks: Mapping[int, Chunks]) -> dict[int, float]:
+        """device -> Σ predicted chunk seconds ÷ its CPU seconds (CPU workers; {} otherwise).
+
+        On shared CPU cores a chunk's wall time includes waiting for a core (±30 % per iteration on
+        the 2-core machine); CPU time does not (±8 %), and an injected busy-wait burns it. The
+        level of a class at its fit (`level`) makes it ≈ 1 for a device as fast as the fit."""
+        out = {}
+        for d, ch in chunks.items():
+            if ch.cpu_s > 0 and (self.level is None or self.classes.get(d) in self.level):
+                pred = self.mtp.predict(self.classes.get(d), ch)
+                ok = (ch.measured >= self.config.min_chunk_s) & (pred > 0)
+                if ok.any():
+                    out[d] = float(pred[ok].sum()) / ch.cpu_s
+        return out
 
     def _residuals(self, chunks: Mapping[int, Chunks]) -> dict[int, float]:
         """device -> the `quantile` of predicted ÷ measured over its working chunks with a prediction."""
@@ -317,38 +348,45 @@ class OnlineDetector:
         return fits
 
     # ------------------------------------------------------------------ decisions
-    def _decide(self, it: int, resid: dict[int, float], speed: dict[int, float]) -> list[FailureReport]:
+    def _decide(
+        self, it: int, resid: dict[int, float], speed: dict[int, float], cpu: dict[int, float] | None
+    ) -> list[FailureReport]:
+        """Who is slow, who is back. `speed`: from chunk wall times (the severity: what the job
+        loses); `cpu`: from CPU time where measured (who is slow: far less noisy on shared cores),
+        else the decision takes `speed` and the own-prediction check r < cut. A known-slow device
+        is judged against the judged speed it was reported at (`judged_at`: CPU and wall speeds
+        differ under an injected busy-wait on oversubscribed cores)."""
         c = self.config
         need = c.persistence - (1 if it - self.last_alarm < c.persistence else 0)
         out = []
         for d, s in sorted(speed.items()):
-            baked = self.baked.get(d, 1.0)
-            healthy_s = s * baked
+            on_cpu = cpu is not None and d in cpu
+            wall = s * self.baked.get(d, 1.0)
+            judged = (cpu[d] if on_cpu else s) * self.baked_judged.get(d, 1.0)
             known = self.known.get(d)
             if known is None:
-                slow = s < c.cut and resid[d] < c.cut
+                slow = judged < c.cut and (on_cpu or resid[d] < c.cut)
             else:
-                slow = healthy_s < c.cut * known
-            back = known is not None and healthy_s >= c.back
+                slow = judged < c.cut * self.judged_at.get(d, known)
+            back = known is not None and judged >= c.back
             run = self.streak.setdefault(d, []) if (slow or back) else None
             if run is None:
                 self.streak.pop(d, None)
                 self.excluded.discard(d)  # the warm-up's suspicion not borne out: a peer again
                 continue
-            if run and (run[0] < 0) != back:  # a run of the other sign: start over
+            if run and run[0][0] != back:  # a run of the other sign: start over
                 run.clear()
-            run.append(-healthy_s if back else healthy_s)
+            run.append((back, wall, judged))
             if len(run) < (c.persistence if back else need):
                 continue
-            est = float(np.median(np.abs(run)))
+            est = min(float(np.median([w for _, w, _ in run])), 1.0)
             self.streak.pop(d)
             if back:
                 self.known.pop(d)
+                self.judged_at.pop(d, None)
                 out.append(FailureReport("recovered", (d,), severity=1.0, iteration=it))
             else:
-                self.known[d] = min(est, 1.0)
-                share = float(np.mean(np.abs(run) < (known or 1.0) * c.cut))
-                out.append(
-                    FailureReport("fail-slow", (d,), severity=min(est, 1.0), confidence=share, iteration=it)
-                )
+                self.known[d] = est
+                self.judged_at[d] = float(np.median([j for _, _, j in run]))
+                out.append(FailureReport("fail-slow", (d,), severity=est, iteration=it))
         return out

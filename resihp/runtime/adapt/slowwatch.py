@@ -38,8 +38,9 @@ from .calibrate import calibrate_hardware
 
 class SlowWatch:
     """Feed it every device's trace records of each committed iteration of `plans[generation]`
-    (`workload`: the job's, for the micro-batches' documents); it returns fail-slow, recovered and
-    (with `links`) link-slow reports."""
+    (`workload`: the job's, for the micro-batches' documents; `cpu`: CPU workers, whose records'
+    `cpu_s` decide who is slow, `OnlineDetector`); it returns fail-slow, recovered and (with
+    `links`) link-slow reports."""
 
     def __init__(
         self,
@@ -49,8 +50,9 @@ class SlowWatch:
         calibrate: Callable[[int, list], object] | None = None,
         config: OnlineConfig | None = None,
         threshold: float = 0.4,
+        cpu: bool = False,
     ) -> None:
-        self.plans, self.workload = plans, workload
+        self.plans, self.workload, self.cpu = plans, workload, cpu
         self.speeds: dict[int, float] = {}  # device -> speed estimate p, shared with the detector
         self.detector = OnlineDetector(config, known=self.speeds)
         self.localizer = Localizer(LocalizeConfig(window_iters=2, threshold=threshold, min_samples=3))
@@ -72,7 +74,7 @@ class SlowWatch:
             self.localizer.forget()
         self.seen += 1
         batch = self.workload.pack(it, plan.global_microbatches)
-        chunks = {r["device"]: record_chunks(plan, batch, r) for r in records}
+        chunks = {r["device"]: record_chunks(plan, batch, r, self.cpu) for r in records}
         observed = max(r.get("wall_s", 0.0) for r in records)
         self._prior = dict(self.speeds)
         found = self.detector.observe(it, plan, chunks, observed, batch.seq_len, batch.sum_sq)
@@ -120,7 +122,7 @@ def watch_job(plans: list, job) -> SlowWatch:
     def fit(generation: int, records: list):
         return calibrate_hardware(plans[generation], job.workload, records, job.link_mb_per_s)
 
-    return SlowWatch(plans, job.workload, links=job.link_mb_per_s > 0, calibrate=fit)
+    return SlowWatch(plans, job.workload, links=job.link_mb_per_s > 0, calibrate=fit, cpu=job.device == "cpu")
 
 
 def slow_event(rep: FailureReport, reason: str) -> dict:
