@@ -22,17 +22,22 @@ Per Plan generation, fed one committed iteration at a time (`OnlineDetector.obse
   into the prediction) and the class refitted; its own prediction is then its peers', so it is
   found like any other onset. One that is not suspect in its first predicted iteration was noise
   and is a peer again.
-* **Decision**: a device is suspect in an iteration when s < `cut` and also r < `cut` (slower than
-  its own prediction, not only than peers that happen to run fast). Suspect in `persistence`
-  consecutive iterations → `fail-slow`, severity = median s over them (the speed p: busy-wait
-  injection makes compute t/p). A confirmed change point of the iteration time's observed ÷
-  predicted series (`ResiHPDetector`, normalize mode; the ITP is `detect.itp.ITP`, the one DAG
-  evaluator, on the fitted rows) shortens the persistence by one: the alarm already confirms that
-  something changed.
+* **Decision**: a device is suspect in an iteration when its judged speed is below `cut`. Judged:
+  on CPU workers (`Chunks.cpu_s`) the same peer comparison on Σ predicted ÷ CPU seconds, relative
+  to its class's level at the fit (`_cpu_levels`: CPU time does not include waiting for a core,
+  ±8 % per iteration where chunk wall times swing ±30 % on 2 shared cores); otherwise s, and also
+  r < `cut` (slower than its own prediction, not only than peers that happen to run fast). Suspect
+  in `persistence` consecutive iterations → `fail-slow`, severity = median s over them (the wall
+  time speed p: what the job loses; busy-wait injection makes compute t/p). A confirmed change
+  point of the iteration time's observed ÷ predicted series (`ResiHPDetector`, normalize mode;
+  the ITP is `detect.itp.ITP`, the one DAG evaluator, on the fitted rows) shortens the persistence
+  by one: the alarm already confirms that something changed.
 * **Known slow devices** (`known`: device → speed estimate, the runtime's knowledge carried across
-  generations): judged on s·baked, baked = the estimate its own fit already holds (a device that
-  had no healthy peer at fit time is fitted on its slow self). Reported again only when slower than
-  `cut` × its estimate; back at speed (s·baked ≥ `back` in `persistence` iterations) → `recovered`.
+  generations): judged on their speed × baked, baked = the estimate their own fit already holds (a
+  device that had no healthy peer at fit time is fitted on its slow self). Reported again only when
+  slower than `cut`² × the judged speed it was reported at (one `cut` of margin is within the noise
+  of a slow device on shared cores: its injected busy-wait stretches with the contention); back at
+  speed (judged ≥ `back` in `persistence` iterations) → `recovered`.
 
 Torch-free; used live by `runtime/adapt/slowwatch.py` and offline by `benchmarks/live_detect.py`.
 """
@@ -297,7 +302,7 @@ class OnlineDetector:
             if known is None:
                 slow = judged < c.cut and (on_cpu or resid[d] < c.cut)
             else:
-                slow = judged < c.cut * self.judged_at.get(d, known)
+                slow = judged < c.cut * c.cut * self.judged_at.get(d, known)
             back = known is not None and judged >= c.back
             run = self.streak.setdefault(d, []) if (slow or back) else None
             if run is None:

@@ -218,3 +218,18 @@ def test_live_detector_finds_a_slow_device_and_reports_its_recovery(tmp_path):
     back = [e for e in res["events"] if e["kind"] == "recovered" and e["devices"] == [1]]
     assert back and back[0]["iter"] >= end, res["events"]
     assert alive(res["worker_pids"]) == [], "orphan worker processes"
+
+
+def test_a_recovered_event_in_words():
+    """The live line and `resihp report` say what a `recovered` event did (`core.run_events`)."""
+    from resihp.core.run_events import describe
+
+    event = slow_event(FailureReport("recovered", (1,), severity=1.0, iteration=5), "resihp: home")
+    assert event == {
+        "iter": 5,
+        "kind": "recovered",
+        "devices": [1],
+        "severity": 1.0,
+        "reason": "resihp: home",
+    }
+    assert describe(event) == "[1] back to speed -> resihp: home"
