@@ -206,6 +206,7 @@ def main() -> None:
     ap.add_argument("--cotenant-at", type=float, default=90.0, help="seconds after the job starts")
     ap.add_argument("--out", default="live_runs", help="recorded runs (reused when present)")
     ap.add_argument("--json")
+    ap.add_argument("--replay-only", action="store_true", help="replay the recorded runs, record none")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     results = []
@@ -217,6 +218,8 @@ def main() -> None:
             if os.path.exists(path):
                 with open(path) as f:
                     rec = json.load(f)
+            elif args.replay_only:
+                continue
             else:
                 t = time.perf_counter()
                 rec = record(args, case, run)

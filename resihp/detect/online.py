@@ -67,7 +67,7 @@ class OnlineConfig:
     fit_iters: int = 3  # then these fit the MTP
     keep: int = 10  # iterations the MTP is refitted on, newest kept
     cut: float = 0.8  # speed below which a device is suspect
-    back: float = 0.9  # speed at or above which a known-slow device is back
+    back: float = 0.85  # judged speed at or above which a known-slow device is back
     persistence: int = 3  # consecutive suspect iterations before a report
     min_chunk_s: float = 1e-4  # chunks shorter than this did no work (W folded into B, say)
     quantile: float = 0.75  # of a device's chunk ratios predicted ÷ measured: its fast chunks

@@ -136,7 +136,7 @@ def test_cpu_workers_are_judged_on_cpu_time_and_measured_on_their_fast_chunks():
 
 
 def test_config_is_checked():
-    with pytest.raises(ValueError, match=r"online.cut = 0.95, back = 0.9"):
+    with pytest.raises(ValueError, match=r"online.cut = 0.95, back = 0.85"):
         OnlineConfig(cut=0.95)
     with pytest.raises(ValueError, match=r"online.persistence = 0"):
         OnlineConfig(persistence=0)
