@@ -50,6 +50,7 @@ from resihp.detect import DetectorConfig, GreyhoundDetector, LocalizeConfig, Loc
 from resihp.detect.online import record_chunks
 from resihp.runtime.adapt.slowwatch import SlowWatch
 from resihp.runtime.config import TrainConfig
+from resihp.runtime.job import WorkerFailed
 from resihp.runtime.train import run_training
 
 CASES = ("healthy", "cotenant", "slow70", "slow50", "slow0", "recover")
@@ -94,7 +95,7 @@ def record(args, case: str, run: int) -> dict:
         t0 = time.perf_counter()
         if timer is not None:
             timer.start()
-        res = run_training(cfg, progress=False)
+        res = run_training(cfg, progress=False)  # (WorkerFailed: the caller retries)
         if timer is not None:
             timer.join()
     end = next((e["iter"] for e in res["events"] if e["kind"] == "fault-end"), None)
@@ -222,7 +223,11 @@ def main() -> None:
                 continue
             else:
                 t = time.perf_counter()
-                rec = record(args, case, run)
+                try:
+                    rec = record(args, case, run)
+                except WorkerFailed as e:  # a start timeout under load spikes (shared cores): once more
+                    print(f"{case} {run}: {str(e)[:120]}; again", file=sys.stderr, flush=True)
+                    rec = record(args, case, run)
                 with open(path, "w") as f:
                     json.dump(rec, f)
                 print(f"recorded {path} in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
