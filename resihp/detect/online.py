@@ -25,7 +25,9 @@ Per Plan generation, fed one committed iteration at a time (`OnlineDetector.obse
 * **Decision**: a device is suspect in an iteration when its judged speed is below `cut`. Judged:
   on CPU workers (`Chunks.cpu_s`) the same peer comparison on Σ predicted ÷ CPU seconds, relative
   to its class's level at the fit (`_cpu_levels`: CPU time does not include waiting for a core,
-  ±8 % per iteration where chunk wall times swing ±30 % on 2 shared cores); otherwise s, and also
+  ±8 % per iteration where chunk wall times swing ±30 % on 2 shared cores), and also s < `back`
+  (its chunks are slower too: CPU time includes polling in a collective or a receive, which a
+  healthy device waiting on a slow neighbour spends); otherwise s, and also
   r < `cut` (slower than its own prediction, not only than peers that happen to run fast). Suspect
   in `persistence` consecutive iterations → `fail-slow`, severity = median s over them (the wall
   time speed p: what the job loses; busy-wait injection makes compute t/p). A confirmed change
@@ -300,7 +302,7 @@ class OnlineDetector:
             judged = (cpu[d] if on_cpu else s) * self.baked_judged.get(d, 1.0)
             known = self.known.get(d)
             if known is None:
-                slow = judged < c.cut and (on_cpu or resid[d] < c.cut)
+                slow = judged < c.cut and (s < c.back if on_cpu else resid[d] < c.cut)
             else:
                 slow = judged < c.cut * c.cut * self.judged_at.get(d, known)
             back = known is not None and judged >= c.back
