@@ -75,6 +75,8 @@ def describe(ev: dict, plans: dict[int, dict] | None = None) -> str:
         return f"{died(ev)}; {f'recovered in {recovery_time(rec)}' if rec else 'not recovered'}"
     if kind in ("fail-slow", "link-slow"):
         return f"{where} detected slow at {ev.get('severity', 0):.2f}x -> {ev.get('reason', '?')}"
+    if kind == "recovered":  # a fail-slow device back at speed (the detector's report)
+        return f"{where} back to speed -> {ev.get('reason', '?')}"
     if kind == "replan":
         n = len(ev.get("devices", []))
         text = f"generation {ev.get('generation')} on {n} devices ({ev.get('reason', '?')})"

@@ -174,11 +174,13 @@ def replan_after_slow(
     speeds: dict[int, float],
     links: dict[tuple[int, int], float],
     reports: list[FailureReport],
+    before: tuple[dict, dict] | None = None,
 ) -> tuple[Plan | None, str]:
-    """(plan, or None to keep `current`; why) after fail-slow / link-slow `reports`.
+    """(plan, or None to keep `current`; why) after fail-slow / link-slow / recovered `reports`.
 
     `speeds` / `links`: every device's speed and link's bandwidth estimate so far, the reports'
-    included (compound, `SlowWatch.admit`). The scheduler `policy` plans with them, once; its plan is
+    included (`SlowWatch`); `before`: (speeds, links) as they were before the reports (default: each
+    report's factor divided out). The scheduler `policy` plans with them, once; its plan is
     taken when it uses live members only, keeps the global micro-batch count, differs from
     `current`, and is an answer to these reports (`Decision.prompted`: on the estimates before them
     the policy would not switch to it — a plan it would pick anyway, its cost model preferring
@@ -189,8 +191,8 @@ def replan_after_slow(
     reason = ""
     if policy is not None:
         view = live_view(ctx, members, speeds, links)
-        before = live_view(ctx, members, *_before(speeds, links, reports))
-        decision = policy.adapt(ctx, current, view, list(reports), before=before)
+        before_view = live_view(ctx, members, *(before or _before(speeds, links, reports)))
+        decision = policy.adapt(ctx, current, view, list(reports), before=before_view)
         new, why = decision.plan, _unusable(decision.plan, current, members)
         if why is not None:
             reason = f"{policy.name} gave no usable plan ({decision.reason}{why}); "

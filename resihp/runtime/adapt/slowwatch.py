@@ -1,25 +1,27 @@
-"""Live fail-slow detection in the controller: measured timings -> `Localizer` -> new reports.
+"""Live fail-slow detection in the controller: committed iterations -> `detect.online` -> new reports.
 
-The prediction of each compute instruction (F/B/W of one micro-batch) is the device's own time
-for it in a baseline iteration of the same Plan generation — the MTP calibrated from the runtime's
-own measurements, per device and instruction. Likewise, with `links`, the prediction of each P2P
-transfer (the trace's `links` entries: one received block, keyed by its sender, receiver, kind
-and micro-batch) is its time in the baseline iteration. The first iteration of each generation is
-a warm-up (lazy initialisation, fresh allocations) and never the baseline: a warm-up baseline on
-some devices makes the others look slow relative to them. `Localizer` (relative mode: factors divided
-by their median over devices, or over links when there are at least 3) then blames only
-stragglers; a fault present before the baseline iteration is, by construction, invisible (known
-gap). `threshold` is wider than the detector's default because two shared CPU cores make timings
-noisy.
+Compute: each committed iteration's compute rows (F/B/W with their micro-batch's N and Σl² from the
+job's workload, `Workload.pack`) and its observed time (the slowest device's `wall_s`) go to
+`resihp.detect.online.OnlineDetector`: the MTP fitted online per work class and kind, the ITP on the
+Program's DAG with change points on observed ÷ predicted, and localization against each device's
+own prediction and against the devices doing the same work (docs/detector.md, "Live"). It reports
+`fail-slow` (severity: the speed p̂ against healthy peers, an absolute estimate) and `recovered`
+(a reported device back at speed); a device slow from iteration 0 is found too (when its work
+class has peers).
 
-With `calibrate` (a callable `(generation, records) -> Hardware`; `watch_job`, the controller's
-watch, closes over `calibrate.calibrate_hardware`), the first baseline iteration the watch takes
-also calibrates the hardware the scheduler policy plans on (`hardware`; None until then): the same
-healthy reference that predicts each instruction's time.
+Links, with `links` (the runtime's link model is on, `run.link_mb_per_s` > 0): the prediction of
+each P2P transfer (the trace's `links` entries: one received block, keyed by sender, receiver,
+kind and micro-batch) is its time in a baseline iteration (the second of the generation: the first
+is lazy initialisation); `Localizer` (relative mode) blames the stragglers.
 
-`admit` keeps what the controller acts on: each device (link) once per generation, and a compound
-estimate per device (link) — each report's severity is relative to its generation's baseline, so a
-device reported again after a replan is slower still than the estimate it was planned with.
+With `calibrate` (a callable `(generation, records) -> Hardware`; `watch_job` closes over
+`calibrate.calibrate_hardware`), the first baseline iteration also calibrates the hardware the
+scheduler policy plans on (`hardware`; None until then).
+
+`speeds` (device -> p̂ of every device reported slow and not back) is the detector's knowledge and
+what the policy plans with; `admit` keeps the reports the controller acts on (each link once per
+generation, its estimate compounded: a link's factor is relative to its generation's baseline) and
+`before`: the estimates as they were before the last admitted reports (the policy's `before` view).
 """
 
 from __future__ import annotations
@@ -27,58 +29,62 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from resihp.core.report import FailureReport
-from resihp.core.trace_format import COMPUTE_OPS, LinkRow
+from resihp.core.trace_format import LinkRow
 from resihp.detect import LocalizeConfig, Localizer
+from resihp.detect.online import OnlineConfig, OnlineDetector, record_chunks
 
 from .calibrate import calibrate_hardware
 
 
 class SlowWatch:
-    """Feed it every device's trace records of each committed iteration; it returns fail-slow and
-    (with `links`: the runtime's link model is on, `run.link_mb_per_s` > 0) link-slow reports."""
+    """Feed it every device's trace records of each committed iteration of `plans[generation]`
+    (`workload`: the job's, for the micro-batches' documents; `cpu`: CPU workers, whose records'
+    `cpu_s` decide who is slow, `OnlineDetector`); it returns fail-slow, recovered and (with
+    `links`) link-slow reports."""
 
     def __init__(
         self,
-        threshold: float = 0.4,
+        plans: list,
+        workload,
         links: bool = False,
         calibrate: Callable[[int, list], object] | None = None,
+        config: OnlineConfig | None = None,
+        threshold: float = 0.4,
+        cpu: bool = False,
     ) -> None:
+        self.plans, self.workload, self.cpu = plans, workload, cpu
+        self.speeds: dict[int, float] = {}  # device -> speed estimate p, shared with the detector
+        self.detector = OnlineDetector(config, known=self.speeds)
         self.localizer = Localizer(LocalizeConfig(window_iters=2, threshold=threshold, min_samples=3))
         self.links = links
         self.calibrate = calibrate
         self.hardware = None  # calibrate(...) of the first baseline iteration
         self.generation, self.seen = -1, 0  # iterations of the generation observed so far
-        self.baseline: dict[int, dict[tuple, float]] = {}
         self.link_baseline: dict[tuple, LinkRow] = {}  # block -> its row in the baseline iteration
-        self.speeds: dict[int, float] = {}  # device -> compound speed estimate p
         self.link_factors: dict[tuple[int, int], float] = {}  # (lo, hi) -> compound bandwidth factor f
-        self.reported: set[tuple] = set()  # (generation, device) or (generation, (lo, hi))
+        self.reported: set[tuple] = set()  # (generation, (lo, hi))
+        self.before: tuple[dict, dict] = ({}, {})  # (speeds, link_factors) before the last reports
+        self._prior: dict[int, float] = {}  # speeds before the last observe
 
     def observe(self, it: int, generation: int, records: list[dict]) -> list[FailureReport]:
-        """`records`: one trace record per plan device of committed iteration `it`; every current
-        suspect, worst first."""
+        """`records`: one trace record per plan device of committed iteration `it`; the new reports."""
+        plan = self.plans[generation]
         if generation != self.generation:  # new plan: new work per device, new baseline
-            self.generation, self.seen, self.baseline, self.link_baseline = generation, 0, {}, {}
+            self.generation, self.seen, self.link_baseline = generation, 0, {}
             self.localizer.forget()
         self.seen += 1
-        times = {
-            r["device"]: {
-                (row.op, row.src, row.mb): row.compute_s for row in r["instrs"] if row.op in COMPUTE_OPS
-            }
-            for r in records
-        }
+        batch = self.workload.pack(it, plan.global_microbatches)
+        chunks = {r["device"]: record_chunks(plan, batch, r, self.cpu) for r in records}
+        observed = max(r.get("wall_s", 0.0) for r in records)
+        self._prior = dict(self.speeds)
+        found = self.detector.observe(it, plan, chunks, observed, batch.seq_len, batch.sum_sq)
         transfers = {row.block: row for r in records for row in r.get("links", ())} if self.links else {}
         if self.seen <= 2:  # the warm-up, then the baseline
             if self.seen == 2:
-                self.baseline, self.link_baseline = times, transfers
+                self.link_baseline = transfers
                 if self.calibrate is not None and self.hardware is None:
                     self.hardware = self.calibrate(generation, records)
-            return []
-        compute = {}
-        for dev, own in times.items():
-            base = self.baseline.get(dev, {})
-            keys = [k for k in own if base.get(k, 0.0) > 0.0]
-            compute[dev] = ([own[k] for k in keys], [base[k] for k in keys])
+            return found
         links: dict[tuple[int, int], tuple[list, list]] = {}
         for block, row in transfers.items():
             base = self.link_baseline.get(block)
@@ -86,22 +92,25 @@ class SlowWatch:
                 meas, pred = links.setdefault(row.link, ([], []))
                 meas.append(row.transfer_s)
                 pred.append(base.transfer_s)
-        self.localizer.observe(it, compute, links)
-        return self.localizer.localize(it)
+        if links:
+            self.localizer.observe(it, {}, links)
+            found += self.localizer.localize(it)
+        return found
 
     def admit(self, generation: int, reports: list[FailureReport]) -> list[FailureReport]:
-        """The reports not yet seen in `generation`; folds each into the compound estimates."""
+        """The reports to act on: fail-slow and recovered as the detector made them (it reports each
+        episode once), each link once per `generation` (folded into its compound estimate)."""
         new = []
+        links_before = dict(self.link_factors)
         for rep in reports:
-            if rep.kind not in ("fail-slow", "link-slow"):
-                continue
-            what = rep.link if rep.kind == "link-slow" else rep.devices[0]
-            if (generation, what) in self.reported:
-                continue
-            self.reported.add((generation, what))
-            known = self.link_factors if rep.kind == "link-slow" else self.speeds
-            known[what] = known.get(what, 1.0) * rep.severity
-            new.append(rep)
+            if rep.kind in ("fail-slow", "recovered") and rep.devices:
+                new.append(rep)
+            elif rep.kind == "link-slow" and (generation, rep.link) not in self.reported:
+                self.reported.add((generation, rep.link))
+                self.link_factors[rep.link] = self.link_factors.get(rep.link, 1.0) * rep.severity
+                new.append(rep)
+        if new:
+            self.before = (self._prior, links_before)
         return new
 
 
@@ -113,7 +122,7 @@ def watch_job(plans: list, job) -> SlowWatch:
     def fit(generation: int, records: list):
         return calibrate_hardware(plans[generation], job.workload, records, job.link_mb_per_s)
 
-    return SlowWatch(links=job.link_mb_per_s > 0, calibrate=fit)
+    return SlowWatch(plans, job.workload, links=job.link_mb_per_s > 0, calibrate=fit, cpu=job.device == "cpu")
 
 
 def slow_event(rep: FailureReport, reason: str) -> dict:

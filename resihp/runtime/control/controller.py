@@ -379,7 +379,7 @@ class Controller:
         if found:  # the scheduler decides (reconfig.replan_after_slow), from it + 1
             known = (watch.speeds, watch.link_factors)
             new, reason = replan_after_slow(
-                self.context(), self.cur, self.members, self.policy, *known, found
+                self.context(), self.cur, self.members, self.policy, *known, found, watch.before
             )
             reason = self.due.propose(self.it + 1, new, reason, self.gen)
             for r in found:

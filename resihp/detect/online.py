@@ -1,0 +1,329 @@
+"""The detector of a running job: online MTP, the ITP, change points and peer-aware localization.
+
+Per Plan generation, fed one committed iteration at a time (`OnlineDetector.observe`):
+
+* **Work classes** (`work_classes`): devices doing the same work — the same stage index, layers and
+  head / FFN share, in any replica or TP position — form one class. A stage with more work (the LM
+  head, an uneven split) is its own class, so it is only ever compared with itself.
+* **MTP** (`OnlineMTP`): per (class, kind F/B/W) `c0 + α·N + β·Σl²` (`cost.calibration`'s robust
+  fit), fitted on the generation's first `fit_iters` iterations after `skip` (lazy initialisation)
+  and refitted every iteration on the last `keep` iterations of the class members in good health
+  (never on a suspect's or a known-slow device's chunks), so it follows drift and load.
+* **Residuals**: a device's r = the `quantile` (0.75) over its chunks of predicted ÷ measured this
+  iteration: its fast chunks. Contention (other processes on the cores) only ever makes a chunk
+  slower, and some chunks escape it; a slow device is slow in every chunk (the injection, like a
+  throttled device, stretches each by 1/p), so its fast chunks are slow too. Its speed s = r ÷ the
+  median r of its healthy class peers (not known slow), or ÷ that of every other healthy device
+  when it has no healthy peer. A global slowdown (a co-tenant process, load from other jobs) moves
+  the peers alike and cancels; the micro-batches' different documents are in the prediction, so
+  replicas with different Σl² compare fairly.
+* **Warm-up check**: after the fit, a device whose warm-up speed against its class peers is below
+  `cut` is taken out of its class's fit (a device slow from iteration 0 would otherwise be baked
+  into the prediction) and the class refitted; its own prediction is then its peers', so it is
+  found like any other onset. One that is not suspect in its first predicted iteration was noise
+  and is a peer again.
+* **Decision**: a device is suspect in an iteration when its judged speed is below `cut`. Judged:
+  on CPU workers (`Chunks.cpu_s`) the same peer comparison on Σ predicted ÷ CPU seconds, relative
+  to its class's level at the fit (`_cpu_levels`: CPU time does not include waiting for a core,
+  ±8 % per iteration where chunk wall times swing ±30 % on 2 shared cores), and also s < `back`
+  (its chunks are slower too: CPU time includes polling in a collective or a receive, which a
+  healthy device waiting on a slow neighbour spends); otherwise s, and also
+  r < `cut` (slower than its own prediction, not only than peers that happen to run fast). Suspect
+  in `persistence` consecutive iterations → `fail-slow`, severity = median s over them (the wall
+  time speed p: what the job loses; busy-wait injection makes compute t/p). A confirmed change
+  point of the iteration time's observed ÷ predicted series (`ResiHPDetector`, normalize mode;
+  the ITP is `detect.itp.ITP`, the one DAG evaluator, on the fitted rows) shortens the persistence
+  by one: the alarm already confirms that something changed.
+* **Known slow devices** (`known`: device → speed estimate, the runtime's knowledge carried across
+  generations): judged on their speed × baked, baked = the estimate their own fit already holds (a
+  device that had no healthy peer at fit time is fitted on its slow self). Reported again only when
+  slower than `cut`² × the judged speed it was reported at (one `cut` of margin is within the noise
+  of a slow device on shared cores: its injected busy-wait stretches with the contention); back at
+  speed (judged ≥ `back` in `persistence` iterations) → `recovered`.
+
+Torch-free; used live by `runtime/adapt/slowwatch.py` and offline by `benchmarks/live_detect.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from resihp.core.plan import Plan
+from resihp.core.trace_format import COMPUTE_OPS
+from resihp.cost.calibration import LinearTime, chunk_table
+
+from .changepoint import DetectorConfig, ResiHPDetector
+from .itp import ITP
+from .online_mtp import Chunks, OnlineMTP, record_chunks, work_classes
+from .report import FailureReport
+
+__all__ = ["Chunks", "OnlineConfig", "OnlineDetector", "OnlineMTP", "record_chunks", "work_classes"]
+
+
+@dataclass(frozen=True)
+class OnlineConfig:
+    skip: int = 1  # first iterations of a generation ignored (lazy initialisation, allocations)
+    fit_iters: int = 3  # then these fit the MTP
+    keep: int = 10  # iterations the MTP is refitted on, newest kept
+    cut: float = 0.8  # speed below which a device is suspect
+    back: float = 0.85  # judged speed at or above which a known-slow device is back
+    persistence: int = 3  # consecutive suspect iterations before a report
+    min_chunk_s: float = 1e-4  # chunks shorter than this did no work (W folded into B, say)
+    quantile: float = 0.75  # of a device's chunk ratios predicted ÷ measured: its fast chunks
+
+    def __post_init__(self) -> None:
+        for name in ("skip", "fit_iters", "keep", "persistence"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < (0 if name == "skip" else 1):
+                raise ValueError(f"online.{name} = {v!r}: must be an integer >= {0 if name == 'skip' else 1}")
+        if not 0.0 < self.quantile < 1.0:
+            raise ValueError(f"online.quantile = {self.quantile!r}: must lie in (0, 1)")
+        if not 0.0 < self.cut < self.back <= 1.0:
+            raise ValueError(f"online.cut = {self.cut!r}, back = {self.back!r}: need 0 < cut < back <= 1")
+
+
+class OnlineDetector:
+    """The live detector of one job (module docstring). `known` is shared with the caller: the
+    speed estimate of every device reported slow and not back yet; `observe` keeps it current."""
+
+    def __init__(self, config: OnlineConfig | None = None, known: dict[int, float] | None = None) -> None:
+        self.config = config or OnlineConfig()
+        self.known = known if known is not None else {}
+        self.generation = -1
+        self.itp_errors: list[float] = []  # |observed − predicted| / observed of healthy iterations
+        self.alarms: list[int] = []  # iterations of confirmed change points (observed ÷ predicted)
+        self.speeds: dict[int, list[float]] = {}  # device -> its speed s per observed iteration
+        self.predicted: dict[int, float] = {}  # iteration -> the ITP's healthy iteration seconds
+        self.judged_at: dict[int, float] = {}  # known-slow device -> its judged speed when reported
+
+    def start(self, plan: Plan) -> None:
+        """A new generation: new work per device, new fits, new series."""
+        c = self.config
+        self.plan, self.classes, self.seen = plan, work_classes(plan), 0
+        self.mtp = OnlineMTP(c.keep)
+        self.fit_members: dict[tuple, set[int]] = {}
+        self.baked: dict[int, float] = {}  # device -> the speed its own fit holds (wall)
+        self.baked_judged: dict[int, float] = {}  # likewise, on the judged (CPU) scale
+        self.excluded: set[int] = set()  # slow already in the warm-up: out of the fits
+        self.streak: dict[int, list[float]] = {}  # device -> speeds of its current run of suspicion
+        self.itp: ITP | None = None
+        self.tail: list[float] = []  # observed − DAG prediction over the fit iterations
+        self.cpd = ResiHPDetector(DetectorConfig(min_shift=0.05, persist_all=True), mode="normalize")
+        self.last_alarm = -(1 << 30)
+        self.fit_buffer: list[dict[int, Chunks]] = []
+        self.level: dict[tuple, float] | None = None  # class -> CPU level at the fit (`_cpu_levels`)
+
+    def observe(
+        self, it: int, plan: Plan, chunks: Mapping[int, Chunks], iteration_s: float, tokens=None, sum_sq=None
+    ) -> list[FailureReport]:
+        """One committed iteration of `plan`: every plan device's chunks, the observed iteration
+        seconds, and the iteration's micro-batches (N and Σl² in global order, for the ITP).
+        Returns new reports: `fail-slow` (severity p̂) and `recovered` (severity 1)."""
+        c = self.config
+        if plan.generation != self.generation:
+            self.generation = plan.generation
+            self.start(plan)
+        self.seen += 1
+        if self.seen <= c.skip:
+            return []
+        if self.seen <= c.skip + c.fit_iters:
+            self.fit_buffer.append(dict(chunks))
+            if self.seen == c.skip + c.fit_iters:
+                self._fit()
+            return []
+        resid = self._residuals(chunks)
+        speed = self._speeds(resid)
+        cpu = self._cpu_levels(chunks)
+        judge = self._speeds({d: x / self.level[self.classes[d]] for d, x in cpu.items()}) if cpu else speed
+        for d, s in judge.items():
+            self.speeds.setdefault(d, []).append(s * self.baked.get(d, 1.0))
+        self._predict(it, iteration_s, tokens, sum_sq, speed)
+        reports = self._decide(it, resid, speed, judge if cpu else None)
+        healthy = {
+            d for d in chunks if d not in self.known and d not in self.streak and d not in self.excluded
+        }
+        self.mtp.add(self._rows({d: chunks[d] for d in healthy}))
+        self.mtp.refit()
+        return reports
+
+    # ------------------------------------------------------------------ fitting
+    def _rows(self, chunks: Mapping[int, Chunks]) -> list[tuple]:
+        out = []
+        for d, ch in chunks.items():
+            cls = self.classes.get(d)
+            ok = ch.measured >= self.config.min_chunk_s
+            out += [((cls, int(k)), n, s, t) for k, n, s, t in zip(ch.kinds[ok], ch.n[ok], ch.sum_sq[ok],
+                                                                   ch.measured[ok])]  # fmt: skip
+        return out
+
+    def _fit(self) -> None:
+        """Fit on the warm-up iterations over each class's members not known slow (all of them when
+        none is healthy); then take out of the fit whoever was slow against its peers, and refit."""
+        members: dict[tuple, set[int]] = {}
+        for d, cls in self.classes.items():
+            members.setdefault(cls, set()).add(d)
+        for cls, devs in members.items():
+            healthy = {d for d in devs if d not in self.known}
+            self.fit_members[cls] = healthy or set(devs)
+        for _ in range(2):
+            for buf in self.fit_buffer:
+                use = {d: ch for d, ch in buf.items() if d in self.fit_members.get(self.classes.get(d), ())}
+                self.mtp.add(self._rows({d: ch for d, ch in use.items() if d not in self.excluded}))
+            self.mtp.refit()
+            if self.excluded:
+                break
+            resid = {}
+            for buf in self.fit_buffer:
+                for d, r in (self._cpu_levels(buf) or self._residuals(buf)).items():
+                    resid.setdefault(d, []).append(r)
+            med = {d: float(np.median(v)) for d, v in resid.items()}
+            speed = self._speeds(med)
+            self.excluded = {d for d, s in speed.items() if s < self.config.cut and d not in self.known}
+            if not self.excluded:
+                break
+            self.mtp.window.clear()
+        for devs in self.fit_members.values():
+            for d in devs:
+                if d in self.known:
+                    self.baked[d] = self.known[d]
+                    self.baked_judged[d] = self.judged_at.get(d, self.known[d])
+        levels: dict[tuple, list[float]] = {}
+        for buf in self.fit_buffer:
+            for d, x in self._cpu_levels(buf).items():
+                if d in self.fit_members[self.classes[d]] and d not in self.excluded:
+                    levels.setdefault(self.classes[d], []).append(x)
+        self.level = {cls: float(np.median(v)) for cls, v in levels.items()}
+
+    def _cpu_levels(self, chunks: Mapping[int, Chunks]) -> dict[int, float]:
+        """device -> Σ predicted chunk seconds ÷ its CPU seconds (CPU workers; {} otherwise).
+
+        On shared CPU cores a chunk's wall time includes waiting for a core (±30 % per iteration on
+        the 2-core machine); CPU time does not (±8 %), and an injected busy-wait burns it. The
+        level of a class at its fit (`level`) makes it ≈ 1 for a device as fast as the fit."""
+        out = {}
+        for d, ch in chunks.items():
+            if ch.cpu_s > 0 and (self.level is None or self.classes.get(d) in self.level):
+                pred = self.mtp.predict(self.classes.get(d), ch)
+                ok = (ch.measured >= self.config.min_chunk_s) & (pred > 0)
+                if ok.any():
+                    out[d] = float(pred[ok].sum()) / ch.cpu_s
+        return out
+
+    def _residuals(self, chunks: Mapping[int, Chunks]) -> dict[int, float]:
+        """device -> the `quantile` of predicted ÷ measured over its working chunks with a prediction."""
+        out = {}
+        for d, ch in chunks.items():
+            pred = self.mtp.predict(self.classes.get(d), ch)
+            ok = (ch.measured >= self.config.min_chunk_s) & (pred > 0)
+            if ok.any():
+                out[d] = float(np.quantile(pred[ok] / ch.measured[ok], self.config.quantile))
+        return out
+
+    def _speeds(self, resid: Mapping[int, float]) -> dict[int, float]:
+        """device -> r ÷ the median r of its healthy class peers, or of every other healthy device
+        when it has none (healthy: not known slow, not taken out at the warm-up). A known-slow peer
+        is no reference: its estimate may be off, and a second device would inherit the error."""
+        pool = {d: r for d, r in resid.items() if d not in self.known and d not in self.excluded}
+        out = {}
+        for d, r in resid.items():
+            cls = self.classes.get(d)
+            peers = [v for p, v in pool.items() if p != d and self.classes.get(p) == cls]
+            peers = peers or [v for p, v in pool.items() if p != d]
+            ref = float(np.median(peers)) if peers else 1.0
+            out[d] = r / ref if ref > 0 else 1.0
+        return out
+
+    # ------------------------------------------------------------------ the iteration time
+    def _predict(self, it: int, observed: float, tokens, sum_sq, speed: dict[int, float]) -> None:
+        """The ITP on the current fits; its constant tail (P2P waits, collectives, the optimizer:
+        not in the chunk rows) is the median residual of the first predicted iterations."""
+        if sum_sq is None:
+            return
+        tokens = np.full(len(sum_sq), float(tokens)) if np.ndim(tokens) == 0 else np.asarray(tokens, float)
+        fits = self._group_fits(float(np.mean(tokens)), float(np.mean(sum_sq)))
+        if fits is None:
+            return
+        if self.itp is None:
+            self.itp = ITP(self.plan, fits)
+        else:
+            self.itp.table = {
+                g: chunk_table(fits[(g, "F")], fits[(g, "B")], fits.get((g, "W")))
+                for g in self.itp.program.chunks
+            }
+        dag = self.itp.predict(tokens, sum_sq)
+        if len(self.tail) < self.config.fit_iters:
+            self.tail.append(observed - dag)
+            return
+        predicted = dag + float(np.median(self.tail))
+        if predicted <= 0:
+            return
+        self.predicted[it] = predicted
+        alarm = self.cpd.observe(it, observed, predicted)
+        if alarm is not None:
+            self.alarms.append(it)
+            self.last_alarm = it
+        if not self.known and not self.streak:
+            self.itp_errors.append(abs(observed - predicted) / observed)
+
+    def _group_fits(self, n: float, sum_sq: float) -> dict | None:
+        """(group, kind) -> the row of its slowest member's class (a TP group runs at its slowest)."""
+        fits = {}
+        for d, stages in enumerate(self.plan.replicas):
+            for i, st in enumerate(stages):
+                for k, op in enumerate(COMPUTE_OPS):
+                    have = [self.mtp.fits[(self.classes[dev], k)] for dev in st.devices
+                            if (self.classes[dev], k) in self.mtp.fits]  # fmt: skip
+                    if have:
+                        fits[((d, i), op)] = max(have, key=lambda f: f.predict(n, sum_sq))
+                if not any(((d, i), op) in fits for op in COMPUTE_OPS):
+                    return None
+                for op in ("F", "B"):  # a kind that did no work here (zbh1's first-stage B)
+                    fits.setdefault(((d, i), op), LinearTime(0.0, 0.0, 0.0))
+        return fits
+
+    # ------------------------------------------------------------------ decisions
+    def _decide(
+        self, it: int, resid: dict[int, float], speed: dict[int, float], cpu: dict[int, float] | None
+    ) -> list[FailureReport]:
+        """Who is slow, who is back. `speed`: from chunk wall times (the severity: what the job
+        loses); `cpu`: from CPU time where measured (who is slow: far less noisy on shared cores),
+        else the decision takes `speed` and the own-prediction check r < cut. A known-slow device
+        is judged against the judged speed it was reported at (`judged_at`: CPU and wall speeds
+        differ under an injected busy-wait on oversubscribed cores)."""
+        c = self.config
+        need = c.persistence - (1 if it - self.last_alarm < c.persistence else 0)
+        out = []
+        for d, s in sorted(speed.items()):
+            on_cpu = cpu is not None and d in cpu
+            wall = s * self.baked.get(d, 1.0)
+            judged = (cpu[d] if on_cpu else s) * self.baked_judged.get(d, 1.0)
+            known = self.known.get(d)
+            if known is None:
+                slow = judged < c.cut and (s < c.back if on_cpu else resid[d] < c.cut)
+            else:
+                slow = judged < c.cut * c.cut * self.judged_at.get(d, known)
+            back = known is not None and judged >= c.back
+            run = self.streak.setdefault(d, []) if (slow or back) else None
+            if run is None:
+                self.streak.pop(d, None)
+                self.excluded.discard(d)  # the warm-up's suspicion not borne out: a peer again
+                continue
+            if run and run[0][0] != back:  # a run of the other sign: start over
+                run.clear()
+            run.append((back, wall, judged))
+            if len(run) < (c.persistence if back else need):
+                continue
+            est = min(float(np.median([w for _, w, _ in run])), 1.0)
+            self.streak.pop(d)
+            if back:
+                self.known.pop(d)
+                self.judged_at.pop(d, None)
+                out.append(FailureReport("recovered", (d,), severity=1.0, iteration=it))
+            else:
+                self.known[d] = est
+                self.judged_at[d] = float(np.median([j for _, _, j in run]))
+                out.append(FailureReport("fail-slow", (d,), severity=est, iteration=it))
+        return out

@@ -1,0 +1,142 @@
+"""The live detector (`detect/online.py`) on synthetic timings of a tp2 x pp2 x dp2 job (torch-free).
+
+Chunk time of stage s on a micro-batch with Σl² = q: (c0_s + β_s·q) / p · (1 + 4 % noise), the last
+stage 1.5x heavier (LM head); the iteration's micro-batches are `Workload.pack`'s (github lengths),
+so chunk times vary with the documents and replicas run different ones.
+"""
+
+import numpy as np
+import pytest
+
+from resihp.core.model_spec import ModelSpec
+from resihp.core.plan import Plan
+from resihp.core.workload import Workload
+from resihp.detect.online import Chunks, OnlineConfig, OnlineDetector, work_classes
+
+SPEC = ModelSpec("t", 4, 32, 8, 2, 48, 256)
+PLAN = Plan.uniform(SPEC, 2, 2, 2, 4)  # tp 2, pp 2, dp 2, 4 micro-batches per replica
+WORKLOAD = Workload(seq_len=2048, num_microbatches=4, lengths="github")
+COST = {0: (0.05, 2e-8), 1: (0.075, 3e-8)}  # stage -> (c0 s, β s per token²)
+
+
+def _iteration(
+    it: int, rng, speed: dict[int, float], load: dict[int, float] | None = None, noise=0.04, cpu=False
+):
+    """(chunks per device, observed iteration s, tokens, Σl²) of one iteration. With `cpu`, CPU
+    workers on oversubscribed cores: each chunk's wall time waits for a core 0-90 % longer (one-
+    sided, per chunk), the CPU time (`cpu_s`: the clean chunks' sum, 1.2x for the rest of the
+    iteration) only has 3 % noise."""
+    batch = WORKLOAD.pack(it, PLAN.global_microbatches)
+    out = {}
+    for d, stages in enumerate(PLAN.replicas):
+        for i, st in enumerate(stages):
+            c0, beta = COST[i]
+            mbs = PLAN.mb_offset(d) + np.arange(PLAN.microbatches[d])
+            q = np.repeat(batch.sum_sq[mbs], 2)
+            kinds = np.tile([0, 1], mbs.size)
+            for dev in st.devices:
+                t = (c0 + beta * q) * np.where(kinds == 1, 2.0, 1.0) / speed.get(dev, 1.0)
+                cpu_s = float(t.sum()) * 1.2 * (1 + 0.03 * rng.standard_normal()) if cpu else 0.0
+                t = t * (1 + noise * rng.standard_normal(t.size)) * (load or {}).get(dev, 1.0)
+                if cpu:
+                    t = t * (1 + rng.exponential(0.3, t.size).clip(0, 0.9))
+                out[dev] = Chunks(kinds, np.full(t.size, 2048.0), q, t, cpu_s)
+    observed = max(float(ch.measured.sum()) for ch in out.values()) * 1.3
+    return out, observed, 2048.0, batch.sum_sq
+
+
+def _run(iters: int, speed_at, load_at=None, seed: int = 0, config=None, cpu=False):
+    det = OnlineDetector(config)
+    rng = np.random.default_rng(seed)
+    got = []
+    for it in range(iters):
+        load = None if load_at is None else load_at(it, rng)
+        chunks, obs, n, sq = _iteration(it, rng, speed_at(it), load, cpu=cpu)
+        got += [(it, r.kind, r.devices, r.severity) for r in det.observe(it, PLAN, chunks, obs, n, sq)]
+    return det, got
+
+
+def test_work_classes_group_the_same_stage_across_replicas_and_tp_ranks():
+    classes = work_classes(PLAN)
+    assert len(set(classes.values())) == 2
+    assert {d for d, c in classes.items() if c == classes[0]} == set(PLAN.replicas[0][0].devices) | set(
+        PLAN.replicas[1][0].devices
+    )
+
+
+def test_fault_free_heavy_last_stage_is_never_blamed_and_the_itp_predicts():
+    """60 iterations, 3 seeds: nothing reported (the last stage is 1.5x heavier: its own class); the
+    ITP's error stays small (the synthetic observed time is the slowest device's compute x 1.3)."""
+    for seed in range(3):
+        det, got = _run(60, lambda it: {}, seed=seed)
+        assert got == [], got
+        assert np.mean(det.itp_errors) < 0.10
+
+
+@pytest.mark.parametrize("p", [0.7, 0.5])
+def test_slow_device_reported_within_3_iterations_with_its_severity(p):
+    """Device 5 at p from iteration 20: reported at 20..22, right device, severity within 15 %, and
+    nothing else."""
+    det, got = _run(40, lambda it: {5: p} if it >= 20 else {})
+    assert len(got) == 1 and got[0][1:3] == ("fail-slow", (5,)), got
+    assert 20 <= got[0][0] <= 22
+    assert got[0][3] == pytest.approx(p, rel=0.15)
+    assert det.known == {5: pytest.approx(p, rel=0.15)}
+
+
+def test_slow_from_iteration_0_is_found():
+    """Device 2 at 0.5 from the first iteration (inside the MTP's fit): taken out of the fit,
+    then reported against its peers."""
+    det, got = _run(20, lambda it: {2: 0.5})
+    assert [(k, d) for _, k, d, _ in got] == [("fail-slow", (2,))], got
+    assert got[0][3] == pytest.approx(0.5, rel=0.15) and got[0][0] <= 8
+
+
+def test_recovery_is_reported_once_back_at_speed():
+    det, got = _run(45, lambda it: {6: 0.5} if 15 <= it < 30 else {})
+    assert [(k, d) for _, k, d, _ in got] == [("fail-slow", (6,)), ("recovered", (6,))], got
+    assert 30 <= got[1][0] <= 32 and det.known == {}
+
+
+def test_a_global_slowdown_with_per_device_jitter_blames_no_one():
+    """A co-tenant: from iteration 20 to 30 every device runs 1.3-1.8x slower, each its own factor
+    per iteration (it fluctuates): no report."""
+
+    def load(it, rng):
+        return {d: float(rng.uniform(1.3, 1.8)) for d in PLAN.devices()} if 20 <= it < 30 else None
+
+    _, got = _run(45, lambda it: {}, load)
+    assert got == [], got
+
+
+def test_a_later_generation_judges_a_known_slow_device_on_its_estimate():
+    """Known slow at 0.5 (reported in an earlier generation) and still slow: not reported again;
+    slower still (0.25) is; its recovery too."""
+    det = OnlineDetector(known={5: 0.5})
+    rng = np.random.default_rng(1)
+    got = []
+    for it in range(40):
+        sp = {5: 0.5 if it < 15 else 0.25 if it < 25 else 1.0}
+        chunks, obs, n, sq = _iteration(it, rng, sp)
+        got += [(r.kind, r.severity) for r in det.observe(it, PLAN, chunks, obs, n, sq)]
+    assert [k for k, _ in got] == ["fail-slow", "recovered"], got
+    assert got[0][1] == pytest.approx(0.25, rel=0.15)
+
+
+def test_cpu_workers_are_judged_on_cpu_time_and_measured_on_their_fast_chunks():
+    """Oversubscribed CPU cores (`_iteration(cpu=True)`: chunk wall times up to 1.9x, one-sided):
+    3 fault-free seeds report nothing; device 3 at 0.6 from iteration 20 is reported within 3
+    iterations at 0.6 within 15 % (the 0.75 quantile of its chunks' predicted ÷ measured against
+    its peers': the chunks that waited least), and nothing else."""
+    for seed in range(3):
+        assert _run(50, lambda it: {}, seed=seed, cpu=True)[1] == []
+    _, got = _run(30, lambda it: {3: 0.6} if it >= 20 else {}, cpu=True)
+    assert [(k, d) for _, k, d, _ in got] == [("fail-slow", (3,))], got
+    assert 20 <= got[0][0] <= 22 and got[0][3] == pytest.approx(0.6, rel=0.15)
+
+
+def test_config_is_checked():
+    with pytest.raises(ValueError, match=r"online.cut = 0.95, back = 0.85"):
+        OnlineConfig(cut=0.95)
+    with pytest.raises(ValueError, match=r"online.persistence = 0"):
+        OnlineConfig(persistence=0)
