@@ -24,17 +24,23 @@ def check_input(path: str, what: str) -> None:
         raise ValueError(f"{what} {path}: not readable (permission denied)")
 
 
-def read_toml(path: str, what: str) -> dict:
-    """The TOML document in `path` (UTF-8, as TOML requires)."""
+def read_text(path: str, what: str, kind: str, encoding: str = "utf-8") -> str:
+    """The text of the `kind` file (e.g. "TOML") in `path`; ValueError (one line) when it cannot be
+    read or is not UTF-8 (`encoding` "utf-8-sig" also drops a byte-order mark)."""
     check_input(path, what)
     with open(path, "rb") as fh:
         data = fh.read()
     try:
-        text = data.decode("utf-8")
+        return data.decode(encoding)
     except UnicodeDecodeError as exc:
         raise ValueError(
-            f"{what} {path}: not UTF-8 text (byte {exc.start}); a TOML file must be UTF-8"
+            f"{what} {path}: not UTF-8 text (byte {exc.start}); a {kind} file must be UTF-8"
         ) from None
+
+
+def read_toml(path: str, what: str) -> dict:
+    """The TOML document in `path` (UTF-8, as TOML requires)."""
+    text = read_text(path, what, "TOML")
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from resihp.core.files import check_input, read_toml
+from resihp.core.files import check_input, read_text, read_toml
 
 META_KEYS = ("dp_size", "pp_size", "tp_size", "world_size")
 META_SUFFIXES = (".toml", ".yaml", ".yml")
@@ -90,14 +90,7 @@ def read_meta(path: str, what: str = "--meta") -> OpsMeta:
     if path.lower().endswith(".toml"):
         raw = read_toml(path, what)
     else:
-        with open(path, "rb") as fh:
-            data = fh.read()
-        try:
-            text = data.decode("utf-8-sig")
-        except UnicodeDecodeError as exc:
-            raise ValueError(
-                f"{what} {path}: not UTF-8 text (byte {exc.start}); a YAML file must be UTF-8"
-            ) from None
+        text = read_text(path, what, "YAML", encoding="utf-8-sig")
         raw = _flat_yaml(text, f"{what} {path}")
     values = {}
     for key in META_KEYS:

@@ -5,7 +5,6 @@ Each test is one spawn of 7-8 gloo workers that exercises several features at on
 """
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from resihp.core.program import compile_plan
 from resihp.detect.trace_io import read_trace
 from resihp.runtime import WorkerFailed
 from resihp.runtime.config import TrainConfig
-from resihp.runtime.control.pids import alive
+from resihp.runtime.control.pids import alive, descendants
 from resihp.runtime.reference import reference_for
 from resihp.runtime.train import run_training
 
@@ -120,24 +119,6 @@ def test_unrecoverable_stop_is_blamed_and_every_child_reaped(tmp_path):
     assert alive(info.value.pids) == []
 
 
-def _descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = set(), [pid]
-    while todo:
-        for kid in children.get(todo.pop(), []):
-            out.add(kid)
-            todo.append(kid)
-    return out
-
-
 def test_sigkilled_controller_leaves_no_workers():
     """Workers notice their controller's death (even SIGKILL) and exit within seconds."""
     code = (
@@ -150,7 +131,7 @@ def test_sigkilled_controller_leaves_no_workers():
     try:
         line = ctrl.stderr.readline()  # the first progress line: workers are running
         assert line.startswith("iter 1/"), line
-        family = _descendants(ctrl.pid)
+        family = set(descendants(ctrl.pid))
         assert len(family) >= 2
     finally:
         ctrl.kill()
