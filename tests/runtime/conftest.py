@@ -1,5 +1,12 @@
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+# The repository root on the path: a test's function given to a `spawn` child (which inherits
+# sys.path) is found there as `tests.runtime.<module>` (pytest's importlib mode adds no path itself).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 @pytest.fixture(autouse=True)
