@@ -14,7 +14,8 @@ standby and its micro-batches are re-spread over the surviving replicas, so the 
 (and with it the loss and gradient scale) never changes. When every replica lost a whole stage
 (dp = 1, say), the first replica with survivors goes on with each dead stage's layers merged into
 a neighbouring surviving stage (`absorb=True`, with snapshots only: the state then comes from
-them). State for the shrunk stages comes from a DP peer (`transfer.source_stages`). Plans with
+them). State for the shrunk stages comes from whichever live shards cover it
+(`core.transfer_plan`: peers of other replicas, other TP splits, snapshots). Plans with
 migration (`assignment`) keep it only when no replica is dropped.
 """
 
