@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/cost_validation.py            # markdown tables on stdout
 
 (a) FLOPs per token against 6·params + attention; (b) Llama 3 405B on 16,384 H100 (TP8 PP16 DP128,
-seq 8K) through `resihp.sim.predict.predict`; (c) ResiHP's fault-free samples/s (paper Table 6).
+seq 8K) through `resihp.evaluator.predict.predict`; (c) ResiHP's fault-free samples/s (paper Table 6).
 The achieved-efficiency factor of each GPU preset is an *input* (calibrated to the MFU anchors of
 cost-model.md §6); what the model predicts is everything on top: the attention term, TP
 collectives, PP transfers, bubbles, the exposed DP all-reduce, optimizer step, per-token overheads.
@@ -21,8 +21,8 @@ from resihp.core.scenario import Job
 from resihp.cost import build_costs, hardware_preset
 from resihp.cost.comm import Links, tp_comm_coeffs
 from resihp.cost.flops import C_ATT_TIME, reference_flops_per_token, training_flops_per_token
-from resihp.sim.pipeline import evaluate
-from resihp.sim.predict import predict
+from resihp.evaluator.pipeline import evaluate
+from resihp.evaluator.predict import predict
 
 
 def flops_check() -> None:

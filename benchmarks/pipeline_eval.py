@@ -17,7 +17,7 @@ import numpy as np
 from resihp.core import Cluster, Plan, Workload, model_preset
 from resihp.core.program import compile_plan
 from resihp.cost import build_costs
-from resihp.sim.pipeline import evaluate
+from resihp.evaluator.pipeline import evaluate
 
 CASES = [
     ("llama2-70b (4,4,16) m=64", "llama2-70b", 4, 16, 4, 64, 32, 8, 0.020),

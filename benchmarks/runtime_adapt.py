@@ -22,7 +22,7 @@ over the same iterations: Python work between instructions and the commit round 
 adapted plan's stages cost their layer count x a per-layer row (the first stage's row over its
 layers) plus, on the last stage, its extra work (LM head, loss), scaled by max over TP members of
 (share of heads and FFN columns x tp / speed); then
-`resihp.sim.pipeline.evaluate`. The fault-free second half is the held-out self-check.
+`resihp.evaluator.pipeline.evaluate`. The fault-free second half is the held-out self-check.
 
     .venv/bin/python benchmarks/runtime_adapt.py [--iterations 40] [--layout tp1] [--policy none] [--json OUT]
 """
@@ -44,9 +44,9 @@ from resihp.core.plan import Plan, Stage
 from resihp.core.program import compile_plan
 from resihp.core.trace_format import InstrRow
 from resihp.cost.calibration import chunk_table, fit_linear_time, mape
+from resihp.evaluator.pipeline import evaluate
 from resihp.runtime.config import TrainConfig
 from resihp.runtime.train import run_training
-from resihp.sim.pipeline import evaluate
 
 SLOW_DEVICE, SPEED = 1, 1.0 / 3.0
 LAYOUTS = {

@@ -8,7 +8,7 @@ the batch's reports, on
 Fault batches: `fail-stop` (one device dies), `fail-slow` (one device at p = 0.5), `mixed` (one
 fail-stop, one fail-slow at p = 0.5 and one at p = 0.3: the batch of the issue 3 figures).
 Rows: `resihp-paper`; `resihp` (candidates ranked by the analytic proxy, the best few plus the
-paper's plan then costed by the full ITP pass, resihp.sim.predict); `resihp plan-only` (dag_top=0:
+paper's plan then costed by the full ITP pass, resihp.evaluator.predict); `resihp plan-only` (dag_top=0:
 the choice on the proxy alone); for fail-slow batches also `resihp +before`, the call the
 runtime makes (`adapt(..., before=...)`: the candidates re-ranked on the cluster before the
 reports, to tell whether they are why the plan changes). Reports the median of `repeats` calls

@@ -6,7 +6,7 @@ per replica) each policy adapts the initial plan, and we report
 
     (X_policy / X_0) / (sum of live speed factors / N)
 
-where X_0 is the fault-free throughput of the initial plan (resihp.sim.predict) and the
+where X_0 is the fault-free throughput of the initial plan (resihp.evaluator.predict) and the
 denominator is the capacity bound of cost-model.md §10. "none" evaluates the initial plan on the
 faulty cluster (fail-slow only). `resihp` runs with horizon_s = inf (throughput only, no
 reconfiguration amortization). Also runs the optimality check of the combinatorial core against
@@ -25,9 +25,9 @@ import time
 
 from resihp.core import Cluster, Workload, model_preset
 from resihp.core.scenario import Job
+from resihp.evaluator.predict import predict
 from resihp.sched import PlanningContext, ResiHP, ResiHPPaper
 from resihp.sched.exact import exact_bottleneck, ours_bottleneck, random_instance
-from resihp.sim.predict import predict
 
 LAYOUTS = [
     ("llama2-7b", 2, 2),

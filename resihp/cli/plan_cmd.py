@@ -7,9 +7,9 @@ import math
 from resihp.core.files import check_outputs
 from resihp.core.scenario import load_scenario
 from resihp.core.transfer_plan import plan_transfer
+from resihp.evaluator.pipeline import write_trace
+from resihp.evaluator.predict import predict
 from resihp.sim.job import fault_free_samples_per_s, plan_at
-from resihp.sim.pipeline import write_trace
-from resihp.sim.predict import predict
 from resihp.sim.timing import PlanTimer
 
 from .common import check_policy, gib, table, write_json

@@ -12,7 +12,7 @@ activations are the memory cost of migration, which the simulator reports in its
 the scheduler's memory check reads off the compiled Program). The orders are an actual execution,
 so the Program is deadlock-free under any timing, and the round each chunk started in is a
 topological numbering of the Program's DAG (a chunk's predecessors all started in earlier rounds):
-the evaluator's level order (`sim.dag`).
+the evaluator's level order (`evaluator.dag`).
 
 Inside the run a chunk (j, src) is coded c = j * dp + src (ints order as the (j, src) tuples do)
 and each started chunk is recorded as one int, (round * 3 + kind) * C + c, decoded with numpy at

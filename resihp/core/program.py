@@ -228,7 +228,7 @@ def _compile(plan: Plan) -> Program:
     work = _work(plan)
     cache: dict = {}
     if plan.assignment:
-        arrays, cache["rounds"] = list_schedule(plan, work)  # rounds: sim.dag's level order
+        arrays, cache["rounds"] = list_schedule(plan, work)  # rounds: evaluator.dag's level order
         cache["arrays"] = arrays
         chunks = LazyChunks(work, lambda g: list(zip(*arrays[g].T.tolist())))
     else:

@@ -4,7 +4,7 @@ Fail-stop liveness — heartbeats, hung and dead members — is the runtime's, i
 `resihp.runtime.control.liveness` (torch-free); the simulator models its latency (`sim.detection`).
 
 Torch-free. The micro-batch time predictor lives in `resihp.cost.calibration`; the iteration-time
-predictor (`ITP`) is the pipeline simulator (`resihp.sim.pipeline`) on fitted MTP rows. `replay`
+predictor (`ITP`) is the pipeline simulator (`resihp.evaluator.pipeline`) on fitted MTP rows. `replay`
 runs the detectors over a run's samples, `trace_io` reads the runtime's trace, `bench` is the
 accuracy protocol on synthetic jobs (`jobs`), `from_scenario` synthesizes a scenario's trace.
 """

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from resihp.core.scenario import Scenario
-from resihp.sim.predict import predict
+from resihp.evaluator.predict import predict
 
 from .jobs import JobModel
 from .replay import Sample, replay

@@ -2,12 +2,12 @@
 
 `ITP` holds the compiled Program of the current Plan and one fitted `LinearTime` per (group, kind)
 (the micro-batch time predictor of `resihp.cost.calibration`); `predict(tokens, sum_sq)` builds a
-`Costs` from them with `chunk_table` and runs `resihp.sim.pipeline.evaluate`, i.e. the healthy
+`Costs` from them with `chunk_table` and runs `resihp.evaluator.pipeline.evaluate`, i.e. the healthy
 iteration time of *this* iteration's micro-batches. After a Plan change the old rows are stale (a
 stage's layers or TP degree changed): `refit(plan, samples)` compiles the new Plan and fits again
 from the new warm-up samples.
 
-`BatchDag` feeds the same evaluator (`resihp.sim.dag.Dag`) many iterations at once, with
+`BatchDag` feeds the same evaluator (`resihp.evaluator.dag.Dag`) many iterations at once, with
 arbitrary per-chunk durations, incoming transfer times and blocking-send times instead of the
 linear form: the benchmark needs the truth and the prediction of ~10⁶ iterations.
 """
@@ -23,8 +23,8 @@ from resihp.core.plan import Plan
 from resihp.core.program import B, F, Program, W, compile_plan
 from resihp.core.schedule import get_schedule
 from resihp.cost.calibration import LinearTime, chunk_table, fit_linear_times
-from resihp.sim.dag import Dag
-from resihp.sim.pipeline import evaluate
+from resihp.evaluator.dag import Dag
+from resihp.evaluator.pipeline import evaluate
 
 GroupKey = tuple[int, int]
 KINDS = {"F": F, "B": B, "W": W}

@@ -19,7 +19,7 @@ from resihp.core.plan import Plan
 from resihp.core.scenario import Job
 from resihp.core.workload import Workload
 from resihp.cost.calibration import LinearTime
-from resihp.sim.predict import predict
+from resihp.evaluator.predict import predict
 
 from .changepoint import ResiHPDetector
 from .itp import ITP

@@ -12,7 +12,7 @@ times of one stage by its speed factor from `at_iter` on.
 
 Iteration time from chunk times goes through a seam, `iteration_time(chunk_s) -> seconds`, where
 `chunk_s[s, j]` is (forward, backward) of micro-batch j on stage s. The default is an exact GPipe
-DAG (`gpipe_iteration_s`); the benchmark will pass an adapter around `resihp.sim.pipeline`
+DAG (`gpipe_iteration_s`); the benchmark will pass an adapter around `resihp.evaluator.pipeline`
 evaluating the real compiled Program so that prediction and truth share the schedule (only the
 chunk-cost form differs). Deterministic: everything is drawn from `seed`.
 """

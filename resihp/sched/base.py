@@ -96,7 +96,7 @@ class Policy(ABC):
         """Whether on `cluster` this policy would switch from `plan` to `new` rather than keep `plan`
         or take any of `others` [(label, plan)] (a tie goes to the other): `new` is the fastest
         by the ITP under its `cost_options`. Stops at the first rival that ties or beats it."""
-        from resihp.sim.predict import predict
+        from resihp.evaluator.predict import predict
 
         opts = self.cost_options(cluster)
         mine = predict(ctx, new, cluster, **opts).iteration_s

@@ -219,11 +219,11 @@ def fits_memory(job, plan: Plan) -> bool:
 
 
 def iteration_time(job, plan: Plan, cluster, evaluator: str = "auto", iterations=(0,), **options) -> float:
-    """Predicted iteration seconds (`resihp.sim.predict`, the ITP with the analytical cost model)
+    """Predicted iteration seconds (`resihp.evaluator.predict`, the ITP with the analytical cost model)
     under cost `options`, the mean over the packed batches of `iterations`. `evaluator`: "auto" or
     "predict", the same (the policies' option; there is no other path)."""
     if evaluator not in ("auto", "predict"):
         raise ValueError(f"evaluator = {evaluator!r}: allowed: auto, predict")
-    from resihp.sim.predict import predict
+    from resihp.evaluator.predict import predict
 
     return sum(predict(job, plan, cluster, it, **options).iteration_s for it in iterations) / len(iterations)

@@ -1,7 +1,7 @@
 """A job over wall-clock time: faults hit the true cluster, a policy reacts to what it detects.
 
 Between events the job runs at `global micro-batches / iteration time` of the current plan on the
-true cluster (pipeline DAG via `resihp.sim.predict`, averaged over sampled packed batches; see
+true cluster (pipeline DAG via `resihp.evaluator.predict`, averaged over sampled packed batches; see
 `timing.PlanTimer`); 0 while paused, while the plan uses a dead device (the job hangs until the
 policy replans) and after an abort. Semantics:
 

@@ -14,9 +14,8 @@ import random
 from resihp.core.cluster import Cluster
 from resihp.core.plan import Plan
 from resihp.core.scenario import Job
+from resihp.evaluator.predict import predict
 from resihp.sched.model import SPREAD_MICROBATCHES, pipeline_key
-
-from .predict import predict
 
 
 def _iteration_s(job, plan: Plan, cluster: Cluster, iteration: int, **options) -> float:

@@ -6,7 +6,8 @@ import sys
 CODE = """
 import sys
 sys.modules["torch"] = None  # any `import torch` now raises ImportError
-import resihp.core, resihp.cost, resihp.sim.pipeline, resihp.sim.predict, resihp.sched, resihp.detect
+import resihp.core, resihp.cost, resihp.evaluator.pipeline, resihp.evaluator.predict
+import resihp.sched, resihp.detect
 import resihp.cli.main
 import resihp.core.faults, resihp.core.files, resihp.core.scenario
 import resihp.cli.report_cmd, resihp.cli.report_plot

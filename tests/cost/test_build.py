@@ -7,7 +7,7 @@ from resihp.core import Cluster, Plan, build_stage, model_preset
 from resihp.core.program import compile_plan
 from resihp.cost import build_costs, capacity_bound, hardware_preset
 from resihp.cost.flops import C_ATT_TIME, chunk_flops
-from resihp.sim.pipeline import evaluate
+from resihp.evaluator.pipeline import evaluate
 
 L7 = model_preset("llama2-7b")
 S = 8192

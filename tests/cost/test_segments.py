@@ -12,8 +12,8 @@ from resihp.core import Cluster, Workload, model_preset
 from resihp.core.program import compile_plan
 from resihp.core.scenario import Job
 from resihp.cost import build_costs
+from resihp.evaluator.pipeline import evaluate
 from resihp.sched import PlanningContext, ResiHP
-from resihp.sim.pipeline import evaluate
 
 
 def _tensors(model, layers: int, embedding: bool, head: bool):

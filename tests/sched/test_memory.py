@@ -11,8 +11,8 @@ from resihp.core import Cluster, Plan, Stage, Workload, build_stage, model_prese
 from resihp.core.program import compile_plan
 from resihp.core.scenario import Job
 from resihp.cost import build_costs
+from resihp.evaluator.pipeline import evaluate
 from resihp.sched.model import device_memory, fits_memory, plan_memory, usable_bytes
-from resihp.sim.pipeline import evaluate
 
 MODELS = ["llama2-7b", "llama2-13b", "qwen2.5-7b", "qwen2.5-14b", "tiny-gqa"]
 GPUS = {"a100-40g": 8, "a100-80g": 8, "cpu": 8}

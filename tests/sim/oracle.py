@@ -1,6 +1,6 @@
 """Test oracle: the DAG evaluation chunk by chunk in plain Python floats (the pre-vectorised pass).
 
-Kept only to check `resihp.sim.dag` against: the same recurrence, walked group by group in program
+Kept only to check `resihp.evaluator.dag` against: the same recurrence, walked group by group in program
 order, advancing a group while its next chunk's data dependency is done, then the gradient
 segments reduced in layer order and the step. It shares nothing with the evaluator but the
 Program (its chunk orders and segments), the Costs (with `linear_time`) and the Schedule's

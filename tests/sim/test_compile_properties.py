@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 from resihp.core import Plan, Stage, model_preset
 from resihp.core.program import compile_plan
-from resihp.sim.pipeline import evaluate, uniform_costs
+from resihp.evaluator.pipeline import evaluate, uniform_costs
 
 MODEL = model_preset("llama2-7b")
 

@@ -130,7 +130,7 @@ def test_replica_classes_evaluate_like_the_chunk_by_chunk_oracle():
     from resihp.core.plan import split_by_weight
     from resihp.core.program import compile_plan
     from resihp.cost import build_costs
-    from resihp.sim.predict import predict
+    from resihp.evaluator.predict import predict
 
     text = BASE.format(duration=60).replace("nodes = 2", "nodes = 8").replace("dp = 2", "dp = 8")
     job = loads_scenario(text).job

@@ -6,7 +6,7 @@ import pytest
 
 from resihp.core import Plan, model_preset
 from resihp.core.program import B, F, W, compile_plan
-from resihp.sim.pipeline import evaluate, uniform_costs, write_trace
+from resihp.evaluator.pipeline import evaluate, uniform_costs, write_trace
 
 MODEL = model_preset("llama2-7b")
 
@@ -155,14 +155,14 @@ def test_evaluator_equals_the_chunk_by_chunk_oracle(schedule):
 @pytest.mark.parametrize("schedule", ["1f1b", "zbh1"])
 def test_shared_pipeline_structure_serves_other_replicas_exactly(schedule):
     """A template pipeline's structure is built once per (schedule, micro-batches, stages) and
-    reused by later plans of that shape whatever their replicas (sim.dag._SHAPES): a plan whose
+    reused by later plans of that shape whatever their replicas (evaluator.dag._SHAPES): a plan whose
     replicas 1, 2, 4, 5 take the shape an earlier plan built on replica 0 still gives the scalar
     oracle's times exactly, next to replicas of other shapes."""
     import numpy as np
     from oracle import oracle_evaluate
 
     from resihp.core.program import forget_compiled
-    from resihp.sim import dag
+    from resihp.evaluator import dag
 
     first = Plan.uniform(MODEL, 2, 4, 6, 7, schedule)
     forget_compiled()  # no Program (nor the structure cached on it) from an earlier test

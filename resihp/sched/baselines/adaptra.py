@@ -25,7 +25,7 @@ CANDIDATES = ("gpipe",)
 
 
 def _time(ctx, plan, view) -> float:
-    from resihp.sim.predict import predict
+    from resihp.evaluator.predict import predict
 
     return predict(ctx, plan, view, send_blocks=False).iteration_s
 

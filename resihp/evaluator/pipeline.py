@@ -1,6 +1,6 @@
 """Evaluate a compiled Program on a Costs table: iteration time, busy/idle time and peak memory.
 
-The DAG pass itself is `sim.dag.Dag` (one evaluator for every caller); this module turns a
+The DAG pass itself is `evaluator.dag.Dag` (one evaluator for every caller); this module turns a
 `Costs` into its per-unit durations and transfer times (`lanes`), and its result into an
 `IterationResult`. `write_trace` writes a Chrome trace of one evaluation.
 """
