@@ -1,7 +1,8 @@
 """Parity of the multi-process executor with the single-process reference (loss and parameters).
 
 Each test is one spawn of 7-8 gloo workers that exercises several features at once; the oracle is
-`train_reference` on the same micro-batches (fp32, atol 1e-5).
+`train_reference` on the same micro-batches (fp32: losses atol 1e-5, parameters atol
+max(1e-5, 1 % of one AdamW step)).
 """
 
 import json
@@ -36,11 +37,14 @@ def _check_parity(plan: Plan, config: TrainConfig) -> dict:
     losses = [row["loss"] for row in res["iterations"]]
     assert losses == pytest.approx(ref_losses, abs=1e-5)
     assert set(res["state"]) == set(range(plan.dp))
+    # AdamW turns a ~1e-7 roundoff difference of a gradient whose moments are ~0 into a step of up to
+    # lr: parameters agree to a fraction of one step, not to 1e-5 absolute, at larger learning rates.
+    atol = max(1e-5, 0.01 * config.lr)
     for d, state in res["state"].items():
         hollow = any(st.hollow for st in plan.replicas[d])
         assert set(state) <= set(ref_state) and (hollow or set(state) == set(ref_state)), d
         for name, value in state.items():
-            torch.testing.assert_close(value, ref_state[name], atol=1e-5, rtol=0, msg=f"replica {d} {name}")
+            torch.testing.assert_close(value, ref_state[name], atol=atol, rtol=0, msg=f"replica {d} {name}")
     assert alive(res["worker_pids"]) == [], "orphan worker processes"
     return res
 
