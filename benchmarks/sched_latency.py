@@ -15,8 +15,9 @@ reports, to tell whether they are why the plan changes). Reports the median of `
 after one warm-up call (caches of the packed batch, memory bounds, cost tables and pipeline
 structures by shape), wall clock and this process's CPU time: on a shared machine the wall clock
 includes waiting for a core, the CPU time much less of it (the load average is printed too).
-Before every timed call the compiled-Program memo is emptied (`core.program.forget_compiled`),
-so each call compiles its candidates as a real replan does.
+Before every timed call the compiled-Program memo and the transfer volumes' memo are emptied
+(`core.program.forget_compiled`, `core.transfer_volume.forget_inflow`), so each call compiles and
+prices its candidates as a real replan does.
 Run: .venv/bin/python benchmarks/sched_latency.py [--quick] [--small] [--repeats N]
 """
 
@@ -30,6 +31,7 @@ import time
 from resihp.core import Cluster, FailureReport, Workload, model_preset
 from resihp.core.program import forget_compiled
 from resihp.core.scenario import Job
+from resihp.core.transfer_volume import forget_inflow
 from resihp.sched import PlanningContext, ResiHP, ResiHPPaper
 
 CASES = [
@@ -72,6 +74,7 @@ def bench(case, policies, repeats, kinds):
             times, cpu = [], []
             for _ in range(repeats):
                 forget_compiled()
+                forget_inflow()
                 t0, c0 = time.perf_counter(), time.process_time()
                 decision = policy.adapt(ctx, ctx.home, cluster, reports, **kw)
                 times.append(time.perf_counter() - t0)

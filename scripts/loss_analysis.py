@@ -35,12 +35,11 @@ sys.path.insert(0, str(ROOT))
 
 from resihp.core.plan import Plan, even_split, split_by_weight  # noqa: E402
 from resihp.core.scenario import load_scenario  # noqa: E402
-from resihp.cost.hardware import hardware_preset  # noqa: E402
 from resihp.sched.context import PlanningContext  # noqa: E402
 from resihp.sched.model import fits_memory, head_layers  # noqa: E402
 from resihp.sched.ours import ResiHP  # noqa: E402
 from resihp.sched.partition import minmax_partition  # noqa: E402
-from resihp.sched.reconfig import COMM_REBUILD_S, LAYER_FIXED_S  # noqa: E402
+from resihp.sched.reconfig import COMM_REBUILD_S, LAYER_FIXED_S, transfer_s  # noqa: E402
 from resihp.sched.registry import POLICIES  # noqa: E402
 from resihp.sim import job as jobsim  # noqa: E402
 from resihp.sim.account import LossAccount, unknown_changes  # noqa: E402
@@ -61,13 +60,10 @@ class Recording(LossAccount):
 def pause_parts(job, old: Plan, decision, planning_s: float) -> dict:
     """reconfig_cost's pause (sched/reconfig.py) in its parts, checked against pause_s."""
     rc = decision.reconfig
-    inbound: dict = {}
-    for _, dst, nbytes in rc.transfers:
-        inbound[dst] = inbound.get(dst, 0) + nbytes
     parts = {
         "planning": planning_s,
         "rebuild": COMM_REBUILD_S if rc.rebuilt_groups or old.replicas != decision.plan.replicas else 0.0,
-        "bytes": max(inbound.values(), default=0) / hardware_preset(job.cluster.gpu).inter_bw,
+        "bytes": transfer_s(rc.transfers, job.cluster),
     }
     parts["per_layer"] = rc.pause_s - sum(parts.values())
     layers = parts["per_layer"] / LAYER_FIXED_S

@@ -22,9 +22,10 @@ sys.path.insert(0, str(ROOT))
 
 from paper_numbers import FIG9, FIG10, FIG11, FREQS, MODELS, TABLE6  # noqa: E402
 
+from resihp.core.transfer_plan import ELEMENT_BYTES, KINDS  # noqa: E402
 from resihp.sched.baselines.common import OOBLECK_REINIT_S, PLANNING_S, RESTART_S  # noqa: E402
 from resihp.sched.ours import ResiHP  # noqa: E402
-from resihp.sched.reconfig import COMM_REBUILD_S, LAYER_FIXED_S, PAPER_PLANNING_S, STATE_BYTES_PER_PARAM  # noqa: E402
+from resihp.sched.reconfig import COMM_REBUILD_S, LAYER_FIXED_S, PAPER_PLANNING_S  # noqa: E402
 from resihp.sim.account import CAUSES  # noqa: E402
 
 PAPER_FAMILIES = ("table6", "fig9", "fig10", "fig14")
@@ -161,16 +162,24 @@ def reconfig_text() -> list[str]:
         f"and Greyhound's S4 pause u0 = {RESTART_S:g} s plus the lost work instead) pauses training for",
         "",
         f"    planning + {COMM_REBUILD_S:g} s communicator rebuild (when any group changed) "
-        f"+ max over receiving devices of bytes / B_inter + {LAYER_FIXED_S:g} s × the most layers moved "
-        "into one group",
+        "+ max over receiving devices of max(bytes from its node / B_intra, bytes from elsewhere / B_inter) "
+        f"+ {LAYER_FIXED_S:g} s × the most layers moved into one group",
         "",
-        f"with {STATE_BYTES_PER_PARAM} bytes per parameter of each shard a device did not hold before (bf16 "
-        "weights + fp32 master, m, v), sent from a live holder of the old plan (same replica first) or the "
-        f"last completed iteration's snapshot; planning is {ResiHP().planning_s:g} s for `resihp` and "
+        "The bytes are the state-transfer planner's, the ones the runtime moves and `resihp plan --json` "
+        "reports (resihp/core/transfer_plan.py; `inflow` gives them per receiver without choosing among "
+        "equally close senders): the rows of every tensor each device of the new plan does not hold "
+        f"itself, {ELEMENT_BYTES * KINDS} bytes per parameter (fp32 parameter and both AdamW moments), "
+        "from the closest live copy of the old plan (a device of its own node, then another node) or, "
+        "when no live device holds them, the last completed iteration's persisted snapshot (over the "
+        "inter-node bandwidth). Bytes from the receiver's node cross NVLink, the rest its NIC, the two "
+        "in parallel; the planner spreads the parts over equally close senders, whose load is not priced. "
+        "A layer is moved into a group when a member receives any of its tensors; the fixed "
+        f"{LAYER_FIXED_S:g} s per layer (ResiHP Fig. 13: about 15 s for 10 layers) stays, as the paper "
+        "measures it beyond the bytes. "
+        f"Planning is {ResiHP().planning_s:g} s for `resihp` and "
         f"{PAPER_PLANNING_S:g} s for `resihp-paper` (ResiHP Fig. 13); ReCycle adds {PLANNING_S:g} s and "
         f"Oobleck {OOBLECK_REINIT_S:g} s of engine re-instantiation in its place (the account counts those "
-        "as pause: only a policy's own `planning_s` is planning). Nothing of it overlaps training, and "
-        "the bytes cross the inter-node bandwidth even inside a node. The state-transfer planner of a later "
-        "issue replaces this rule; the `pause: ...` columns above show what it amounts to today.",
+        "as pause: only a policy's own `planning_s` is planning). Nothing of it overlaps training; the "
+        "`pause: ...` columns above show what it amounts to.",
         "",
     ]

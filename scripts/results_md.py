@@ -278,7 +278,8 @@ def loss_account(results: Path) -> list[str]:
     lines += analysis(results, results.parent / "extra", results.parent / "loss-analysis")
     lines += ["### Paper cells above our capacity bound", "", ABOVE_INTRO, ""]
     lines += paper_cells_above_bound(results)
-    lines += ["### What a plan change costs in the simulator today", "", *reconfig_text()]
+    lines += ["### What a plan change costs in the simulator (the transfer planner's bytes)", ""]
+    lines += reconfig_text()
     return lines
 
 

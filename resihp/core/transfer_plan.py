@@ -22,13 +22,14 @@ senders); `max_received_bytes` — the most one device receives. Nothing here is
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
 from .model_spec import ModelSpec
 from .plan import Plan, Stage
-from .shard_layout import full_shape, shard_range, stage_param_names
+from .shard_layout import full_shape, layer_param_names, shard_range, stage_param_names
 
 ELEMENT_BYTES = 4  # parameters and AdamW moments are fp32 on every backend (bf16 is autocast only)
 KINDS = 3  # parameter, exp_avg, exp_avg_sq (1 before the first optimizer step)
@@ -133,17 +134,27 @@ class _Copies:
         self.cache: dict[tuple, list[tuple[int, int, list[tuple[int, int]]]]] = {}
         self.nodes: dict[tuple, dict[int, list[tuple[int, int, int, int]]]] = {}
         self.keys: dict[str, tuple] = {}
+        self.breaks: list[int] | None = None
+        self.combos: list[tuple] | None = None
+        self.rows: dict[tuple, tuple[int, int, int]] = {}  # `inflow`'s parts per copies and shards
 
     def key(self, name: str) -> tuple:
         """The tensor kind and the stage holding it in every replica: what its copies depend on."""
         if name not in self.keys:
-            k = _layer_of(self.old.model, name)
-            self.keys[name] = (_key(name), tuple(at[k] for at in self.stage_at))
+            self.keys[name] = self.key_at(_key(name), _layer_of(self.old.model, name))
         return self.keys[name]
 
+    def key_at(self, kind: str, k: int) -> tuple:
+        """`key` of the tensor of kind `kind` (`_key`) in layer `k`."""
+        if self.combos is None:
+            self.combos = [tuple(at[j] for at in self.stage_at) for j in range(self.old.model.num_layers)]
+        return (kind, self.combos[k])
+
     def of(self, name: str) -> list[tuple[int, int, list[tuple[int, int]]]]:
+        return self.of_key(self.key(name))
+
+    def of_key(self, key: tuple) -> list[tuple[int, int, list[tuple[int, int]]]]:
         spec = self.old.model
-        key = self.key(name)
         if key not in self.cache:
             groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
             rows: dict[tuple, tuple[int, int]] = {}  # (split, rank) -> rows: replicas mostly agree
@@ -154,10 +165,29 @@ class _Copies:
                     if holder in self.alive:
                         at = (st.tp_split, st.ffn_split, r)
                         if at not in rows:
-                            rows[at] = interval(spec, name, st, r)
+                            rows[at] = _interval(spec, key[0], *at)
                         groups.setdefault(rows[at], []).append((holder, dev))
             self.cache[key] = [(a, b, h) for (a, b), h in sorted(groups.items())]
         return self.cache[key]
+
+    def runs(self, layers: tuple[int, int]) -> list[tuple[int, int, list[str]]]:
+        """[(k, count, kinds)]: the tensors of a stage of `layers` as runs of the layers the old
+        plan holds alike (the same `key`): the run's first layer, its length and its tensor kinds
+        (`_key`); the embedding and the head are runs of one."""
+        spec, (lo, hi) = self.old.model, layers
+        out = [(0, 1, ["embed.weight"])] if lo == 0 else []
+        if self.breaks is None:  # layers where some replica's old stage changes
+            n = spec.num_layers
+            self.breaks = [k for k in range(1, n) if any(s[k] != s[k - 1] for s in self.stage_at)] + [n]
+        kinds = layer_param_names(spec, 0)
+        k = lo
+        while k < hi:
+            end = min(hi, self.breaks[bisect.bisect_right(self.breaks, k)])
+            out.append((k, end - k, kinds))
+            k = end
+        if hi == spec.num_layers:
+            out.append((hi - 1, 1, ["norm.weight", "lm_head.weight"]))
+        return out
 
     def on_node(self, name: str, node: int) -> list[tuple[int, int, int, int]]:
         """The copies of `name` whose sender is on `node`: [(a, b, sender, source)]."""
@@ -171,10 +201,16 @@ class _Copies:
         return self.nodes[key].get(node, [])
 
 
-def positions(plan: Plan) -> dict[int, tuple[Stage, int]]:
-    """device -> (its stage, its TP rank) for every plan device (one pass: `stage_of` per device
-    would be quadratic at 16,384 devices)."""
-    return {d: (st, r) for stages in plan.replicas for st in stages for r, d in enumerate(st.devices)}
+def positions(plan: Plan, only: set[int] | None = None) -> dict[int, tuple[Stage, int]]:
+    """device -> (its stage, its TP rank) for every plan device, or for those in `only` (one pass:
+    `stage_of` per device would be quadratic at 16,384 devices)."""
+    return {
+        d: (st, r)
+        for stages in plan.replicas
+        for st in stages
+        for r, d in enumerate(st.devices)
+        if only is None or d in only
+    }
 
 
 def _uncovered(need: tuple[int, int], have: Iterable[tuple[int, int]]) -> int:
@@ -194,6 +230,24 @@ def _uncovered(need: tuple[int, int], have: Iterable[tuple[int, int]]) -> int:
     return missing + max(0, hi - cursor)
 
 
+def _changed(old: Plan, new: Plan, alive: set[int]) -> list[tuple[int, Stage, int]]:
+    """[(device, its new stage, its TP rank)] of the devices of `new` whose shard is not the one
+    they hold under `old` (a stage of `old` on the same live devices keeps every shard), by device."""
+    kept = {st for stages in old.replicas for st in stages}
+    changed = [
+        s for stages in new.replicas for s in stages if s not in kept or not alive.issuperset(s.devices)
+    ]
+    was = positions(old, {d for s in changed for d in s.devices})
+    out = []
+    for dev, (st, r) in sorted((d, (s, k)) for s in changed for k, d in enumerate(s.devices)):
+        before = was.get(dev) if dev in alive else None
+        if before is None or (before[0].layers, before[0].tp_split, before[0].ffn_split, before[1]) != (
+            st.layers, st.tp_split, st.ffn_split, r,
+        ):  # fmt: skip
+            out.append((dev, st, r))
+    return out
+
+
 def plan_transfer(
     old: Plan,
     new: Plan,
@@ -201,11 +255,13 @@ def plan_transfer(
     snapshots: dict[int, int] | None = None,
     node_of: Callable[[int], int] | None = None,
     kinds: int = KINDS,
+    fallback: int | None = None,
 ) -> TransferPlan:
     """The transfer from the state held under `old` (by the `alive` devices, plus the snapshot
     copies `snapshots`: lost device -> the live device keeping it) into `new`. `node_of(device)`
-    gives a device's node (default: every device on its own node). ValueError when some range a
-    new device needs has no copy left, naming the tensor and its rows."""
+    gives a device's node (default: every device on its own node). A range no live device holds
+    comes from `fallback` (the simulator's persisted snapshot, sender = source = `fallback`, not
+    counted in the senders' balance); without one, ValueError naming the tensor and its rows."""
     spec = old.model
     alive = set(alive)
     snaps = dict(snapshots or {})
@@ -215,13 +271,7 @@ def plan_transfer(
     pieces: list[Piece] = []
     received: dict[int, int] = {}
     lower = 0
-    was = positions(old)
-    for dev, (st, r) in sorted(positions(new).items()):
-        before = was.get(dev) if dev in alive else None
-        if before is not None and (before[0].layers, before[0].tp_split, before[0].ffn_split, before[1]) == (
-            st.layers, st.tp_split, st.ffn_split, r,
-        ):  # fmt: skip
-            continue  # the same shard: nothing to copy
+    for dev, st, r in _changed(old, new, alive):
         for name in stage_param_names(spec, st.layers):
             need = interval(spec, name, st, r)
             row = extent(spec, name)[2] * ELEMENT_BYTES * kinds
@@ -229,7 +279,7 @@ def plan_transfer(
             near = copies.on_node(name, node(dev))
             own = [c for c in near if c[2] == dev]
             lower += _uncovered(need, [(a, b) for a, b, _, _ in own]) * row
-            got = _cover(name, need, cands, own, near, dev, load, row)
+            got = _cover(name, need, cands, own, near, load, row, fallback)
             for lo, hi, s, src in got:
                 nbytes = (hi - lo) * row
                 pieces.append(Piece(dev, name, lo, hi, s, src, nbytes))
@@ -238,23 +288,46 @@ def plan_transfer(
     return TransferPlan(tuple(pieces), kinds, lower, received)
 
 
-def _cover(name, need, cands, own, near, dev, load, row) -> list[tuple[int, int, int, int]]:
-    """`need` cut at every copy boundary, each part from the closest, least loaded copy (`own`:
-    the receiver's copies, `near`: those on its node), adjacent parts of one copy merged:
-    [(lo, hi, sender, source)]."""
+OWN, NODE, OTHER, NONE = range(4)  # where a part of a needed range comes from
+
+
+def _segments(need, cands, own, near) -> list[tuple[int, int, int, list[tuple[int, int]]]]:
+    """`need` cut at every copy boundary: [(x, y, where, options)], `where` the closest copies
+    of rows [x, y) (OWN: the receiver's, `own`; NODE: on its node, `near`; OTHER: elsewhere;
+    NONE: no live copy), `options` their (sender, source) pairs."""
     lo, hi = need
     cuts = sorted({lo, hi} | {x for a, b, _ in cands for x in (a, b) if lo < x < hi})
-    out: list[list[int]] = []
+    out = []
     for x, y in zip(cuts, cuts[1:]):
-        best = next(((s, src) for a, b, s, src in own if a <= x and y <= b), None)
-        if best is None:
-            close = [(s, src) for a, b, s, src in near if a <= x and y <= b]
-            close = close or [h for a, b, hs in cands if a <= x and y <= b for h in hs]
-            if not close:
-                raise ValueError(f"no live copy of {name} rows [{x}, {y}): every device holding them is lost")
-            _, s, src = min((load.get(s, 0), s, src) for s, src in close)
+        opts = [(s, src) for a, b, s, src in own if a <= x and y <= b]
+        if opts:
+            out.append((x, y, OWN, opts[:1]))
+            continue
+        opts = [(s, src) for a, b, s, src in near if a <= x and y <= b]
+        if opts:
+            out.append((x, y, NODE, opts))
+            continue
+        opts = [h for a, b, hs in cands if a <= x and y <= b for h in hs]
+        out.append((x, y, OTHER if opts else NONE, opts))
+    return out
+
+
+def _cover(name, need, cands, own, near, load, row, fallback=None) -> list[tuple[int, int, int, int]]:
+    """`need` cut at every copy boundary (`_segments`), each part from the closest, least loaded
+    copy (`fallback` when there is none), adjacent parts of one copy merged: [(lo, hi, sender,
+    source)]."""
+    out: list[list[int]] = []
+    for x, y, where, opts in _segments(need, cands, own, near):
+        if where == OWN:
+            best = opts[0]
+        elif where != NONE:
+            _, s, src = min((load.get(s, 0), s, src) for s, src in opts)
             best = (s, src)
             load[s] = load.get(s, 0) + (y - x) * row
+        elif fallback is not None:
+            best = (fallback, fallback)
+        else:
+            raise ValueError(f"no live copy of {name} rows [{x}, {y}): every device holding them is lost")
         if out and out[-1][1] == x and out[-1][2:] == list(best):
             out[-1][1] = y
         else:

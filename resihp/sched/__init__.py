@@ -16,16 +16,25 @@ from .ours import ResiHP
 from .paper import ResiHPPaper
 from .partition import minmax_partition, repartition_paper
 from .progress import progress_migrate
-from .reconfig import COMM_REBUILD_S, LAYER_FIXED_S, SNAPSHOT, STATE_BYTES_PER_PARAM, reconfig_cost
+from .reconfig import (
+    COMM_REBUILD_S,
+    LAYER_FIXED_S,
+    NODE_COPY,
+    OTHER_NODE,
+    SNAPSHOT,
+    reconfig_cost,
+    transfer_s,
+)
 from .registry import POLICIES, build_policy
 from .tp import select_tp_subgroup, uneven_stage
 
 __all__ = [
     "COMM_REBUILD_S",
     "LAYER_FIXED_S",
+    "NODE_COPY",
+    "OTHER_NODE",
     "POLICIES",
     "SNAPSHOT",
-    "STATE_BYTES_PER_PARAM",
     "Decision",
     "DetectorSpec",
     "PlanningContext",
@@ -41,5 +50,6 @@ __all__ = [
     "reconfig_cost",
     "repartition_paper",
     "select_tp_subgroup",
+    "transfer_s",
     "uneven_stage",
 ]

@@ -22,7 +22,8 @@ from .detector import DetectorSpec, resihp_detector
 
 @dataclass(frozen=True)
 class Reconfig:
-    """What changing plans costs. `transfers` = (src device, dst device, bytes); src -1 = snapshot."""
+    """What changing plans costs. `transfers` = (source, dst device, bytes); source (reconfig.py)
+    -1 = snapshot, -2 = a copy on dst's node, -3 = a copy on another node."""
 
     rebuilt_groups: tuple[tuple[int, ...], ...] = ()
     transfers: tuple[tuple[int, int, int], ...] = ()

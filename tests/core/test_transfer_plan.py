@@ -15,6 +15,7 @@ from resihp.core.transfer_plan import (
     positions,
     shard_bytes,
 )
+from resihp.core.transfer_volume import inflow
 from resihp.cost.memory import shard_params
 
 SPEC = ModelSpec("t", 4, 32, 8, 2, 48, 256)
@@ -173,3 +174,51 @@ def test_large_plans_only_touch_what_changes():
     assert set(tp.received) <= set(st.devices[1:])
     assert tp.bytes_moved == tp.lower_bound_bytes
     assert tp.max_received_bytes <= max(shard_bytes(spec, new.replicas[0][0], r) for r in range(7))
+
+
+def _by_link(tp, node) -> dict[int, tuple[int, int, int, int]]:
+    """plan_transfer's pieces summed per receiver by where they come from (its node, another
+    node, the fallback -1), and how many layers it receives any tensor of."""
+    out: dict[int, list] = {}
+    for p in tp.pieces:
+        if p.sender == p.receiver:
+            continue
+        got = out.setdefault(p.receiver, [0, 0, 0, set()])
+        got[2 if p.sender == -1 else 0 if node(p.sender) == node(p.receiver) else 1] += p.nbytes
+        if p.name.startswith("layers."):
+            got[3].add(p.name.split(".")[1])
+    return {d: (a, b, c, len(ks)) for d, (a, b, c, ks) in out.items()}
+
+
+def test_inflow_is_the_planners_bytes_by_link():
+    """`inflow` (the simulator's pause, sched/reconfig.py) gives per receiver what the planner's
+    pieces send it from its node, from other nodes and from the fallback, on every replan kind."""
+    moved = [build_stage(SPEC, (0, 1), (0, 3)), build_stage(SPEC, (2, 3), (3, 4))]
+    two_layers = Plan(SPEC, [moved, list(OLD.replicas[1])], OLD.microbatches)
+    lost_stage = Plan(SPEC, [[OLD.replicas[0][0], build_stage(SPEC, (4, 5), (2, 4))]], (4,), standby=(6, 7))
+    cases = [
+        (OLD.with_changes(assignment=((0, 1, 1, 1),)), set(range(8))),  # migration only
+        (with_stage(OLD, 0, 0, build_stage(SPEC, (0,), (0, 2))), set(range(8)) - {1}),  # TP member out
+        (with_stage(OLD, 0, 1, build_stage(SPEC, (2, 3), (2, 4), [3.0, 1.0])), set(range(8))),  # re-split
+        (two_layers, set(range(8))),  # a layer moved between stages
+        (lost_stage, set(range(8)) - {2, 3, 6, 7}),  # stage 1 lost in both replicas: the snapshot
+    ]
+    for new, alive in cases:
+        tp = plan_transfer(OLD, new, alive, node_of=node4, fallback=-1)
+        got = {d: tuple(f) for d, f in inflow(OLD, new, alive, node4).items()}
+        assert got == _by_link(tp, node4)
+    assert inflow(OLD, *cases[0], node4) == {}
+    assert {f.none for f in inflow(OLD, *cases[-1], node4).values()} != {0}
+    with pytest.raises(ValueError):
+        plan_transfer(OLD, lost_stage, cases[-1][1], node_of=node4)
+
+
+def test_inflow_counts_runs_of_layers_held_alike():
+    """A stage spanning two old stages: the layers of each old stage are one run; `inflow` counts
+    the bytes of every layer (the same as the planner) and every layer it receives."""
+    old = Plan.uniform(SPEC, 1, 4, 2, 2)  # replica 0: [0] L0, [1] L1, [2] L2, [3] L3
+    stages = [build_stage(SPEC, (0,), (0, 3)), build_stage(SPEC, (3,), (3, 4))]
+    new = Plan(SPEC, [stages, list(old.replicas[1])], old.microbatches, standby=(1, 2))
+    tp = plan_transfer(old, new, range(8), node_of=node4, fallback=-1)
+    got = {d: tuple(f) for d, f in inflow(old, new, range(8), node4).items()}
+    assert got == _by_link(tp, node4) and got[0][3] == 2
