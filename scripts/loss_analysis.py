@@ -6,8 +6,8 @@ state is from the best plan we can find for the same cluster state (issue 19).
 
 Per scenario, one JSON with
 - `pause`: every pausing Decision's `reconfig.pause_s` split as reconfig.py composes it
-  (planning, communicator rebuild, bytes over the inter-node bandwidth, the fixed cost per layer
-  moved into a group); the split is checked to add up to pause_s, so it cannot drift from
+  (planning, communicator rebuild, the bytes over their links (`reconfig.transfer_s`), the
+  fixed cost per layer moved into a group); the split is checked to add up to pause_s, so it cannot drift from
   `reconfig_cost` unnoticed; as shares of the bound's samples and in seconds;
 - `steady`: the running intervals where the policy knows the true cluster (the plan_quality part
   of the account), as shares of the bound's samples: `gap` (bound - achieved), `to_long_horizon`

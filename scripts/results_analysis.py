@@ -154,8 +154,9 @@ def analysis(results: Path, extra: Path, analysis_dir: Path) -> list[str]:
                 "a device's failures: `resihp` plans from the cluster it sees (base.py: no state between "
                 "calls). ") if out else "")
             + "What would take the lemon pause back where the device is re-admitted is a cheaper move "
-            "itself: overlapping it with training, which needs the state-transfer planner's account of "
-            "what moves when (reconfig.py charges the whole pause as stopped time today)."
+            "itself: overlapping it with training; the pause now follows the state-transfer planner's "
+            "bytes, but reconfig.py still charges the whole pause, bytes and the fixed cost per layer, "
+            "as stopped time."
         )  # fmt: skip
     lines += _node(extra, fam)
     lines.append(

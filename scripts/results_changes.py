@@ -22,31 +22,23 @@ from pathlib import Path
 # Why a policy's own decisions changed since the previous generation (by policy name; an
 # ablation "resihp-paper[DE]" uses "resihp-paper"): (tag, text).
 REASONS = {
-    "resihp": (
-        "candidates",
+    name: (
+        "pause",
         (
-            "`resihp`'s new candidates: every candidate re-split over its replicas by rate after any fault "
-            "(sched/split.py), slow groups gathered in the slowest replicas (`packed`), `balance` moves made "
-            "under the exact memory check, candidates priced on packed batches 1–3 (not batch 0, whose "
-            "packing the migration planners tune on), and the paper's plan (`memory`) among them"
+            f"`{name}` weighs each candidate's pause, which now follows the state-transfer planner's bytes "
+            "(sched/reconfig.py: 12 bytes per parameter of the rows each device lacks, over NVLink from its "
+            "node and over the NIC from elsewhere, instead of 14 bytes per parameter of every layer shard "
+            "moved, all over the inter-node bandwidth): some candidates' pauses moved and it chose another"
         ),
-    ),
-    "resihp-paper": (
-        "memory",
-        (
-            "the exact memory check of the previous wave (a migrated plan's compiled order keeps one "
-            "template's live count per source pipeline, more than the count-based check assumed: it aborted "
-            "in 29 of 58 cells in between) and this generation's answer to it: Algorithm 1 moves only within "
-            "that memory, then eq. 3's k_min at one layer, then the replicas that lost a stage dropped"
-        ),
-    ),
+    )
+    for name in ("resihp", "resihp-paper")
 }
 EVALUATION = (
     "pricing",
     (
-        "the same decisions, priced anew by the previous wave's simulator: the gradient reduction of every "
-        "gradient segment (misaligned stages and unevenly split TP groups reduce unsharded tensors), which "
-        "plans with non-uniform splits pay"
+        "the same decisions, priced anew: the pause of a plan change follows the state-transfer planner's "
+        "bytes (sched/reconfig.py, core/transfer_volume.py) instead of 14 bytes per parameter of each moved "
+        "layer shard over the inter-node bandwidth"
     ),
 )
 OTHER = {"X0": "the fault-free throughput X0 moved", "rounding": "the runs moved by under 0.05 %",
