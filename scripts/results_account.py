@@ -166,8 +166,9 @@ def reconfig_text() -> list[str]:
         f"+ {LAYER_FIXED_S:g} s × the most layers moved into one group",
         "",
         "The bytes are the state-transfer planner's, the ones the runtime moves and `resihp plan --json` "
-        "reports (resihp/core/transfer_plan.py; `inflow` gives them per receiver without choosing among "
-        "equally close senders): the rows of every tensor each device of the new plan does not hold "
+        "reports (resihp/core/transfer_plan.py; `core/transfer_volume.inflow` gives them per receiver "
+        "without choosing among equally close senders): the rows of every tensor each device of the new "
+        "plan does not hold "
         f"itself, {ELEMENT_BYTES * KINDS} bytes per parameter (fp32 parameter and both AdamW moments), "
         "from the closest live copy of the old plan (a device of its own node, then another node) or, "
         "when no live device holds them, the last completed iteration's persisted snapshot (over the "
