@@ -11,8 +11,11 @@ device of the new Plan and each tensor of its new stage, the planner cuts the ra
 every boundary of the copies and takes each part from the cheapest copy: its own (nothing moves),
 then a device on its node, then another node; among equally close copies the sender with the
 fewest bytes assigned so far (balanced senders). Adjacent parts from the same copy merge into one
-`Piece`. A device whose stage, split and rank are unchanged needs nothing, so a migration-only
-replan moves 0 bytes, and the work scales with the devices that change, not with the cluster.
+`Piece`. A part no live copy holds comes from `fallback` when one is given (the simulator's
+persisted snapshot, -1), else is an error. A device whose stage, split and rank are unchanged
+needs nothing, so a migration-only replan moves 0 bytes, and the work scales with the devices that
+change, not with the cluster. The same parts per receiver and link, without choosing senders, are
+`transfer_volume.inflow` (the simulator's pause, sched/reconfig.py).
 
 Figures (bytes count the parameter and `kinds - 1` moments, `ELEMENT_BYTES` each):
 `bytes_moved` — received from another device; `lower_bound_bytes` — the bytes of needed ranges
