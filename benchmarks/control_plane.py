@@ -14,7 +14,8 @@ Measured, per n, over `--iterations` commits:
 * commit round trip: from writing the decision of k - 1 to writing that of k (every member read
   it, reported k, and the controller took all n reports) — median and 95th percentile;
 * controller CPU per iteration: this process's CPU time (the controller loop *and* the store's
-  server thread, which runs in the controller's process) divided by the iterations;
+  server thread, which runs in the controller's process) divided by the iterations; and the
+  loop's share alone (`loop_cpu_ms_per_iter`: this thread's CPU time), the rest being the server's;
 * controller memory: resident set after the members connected and after the last iteration, and
   the store's key count (one decision key per iteration: the growth that stays).
 
@@ -100,11 +101,11 @@ def _members(port: int, devices: list[int], iterations: int, ready, record: dict
     from resihp.runtime.control.board import Board
 
     transport = Transport("127.0.0.1", port)
-    results, stop = transport.inbox(), threading.Event()
+    stop = threading.Event()
 
     def member(dev: int) -> None:
         board = Board(dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False))
-        beats = transport.beats(dev // PER_NODE)
+        beats, results = transport.beats(dev // PER_NODE), transport.inbox()
 
         def beat() -> None:
             while not stop.is_set():
@@ -120,7 +121,7 @@ def _members(port: int, devices: list[int], iterations: int, ready, record: dict
                 results.send(Record(dev, {**record, "iter": k, "device": dev}))
 
     def agent(node: int) -> None:
-        beats, last = transport.beats(node), {}
+        beats, results, last = transport.beats(node), transport.inbox(), {}
         while not stop.is_set():
             try:
                 msg = beats.recv()
@@ -152,11 +153,11 @@ def measure(n: int, iterations: int, procs: int, records: str = "off", microbatc
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     board, transport = Board(store), Transport("127.0.0.1", store.port)
     beats_seen = []
-    inbox = Inbox(transport.inbox(), lambda msg: beats_seen.append(msg.node))
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
     devices = list(range(n))
     nodes = sorted({d // PER_NODE for d in devices})  # a node's devices share a process (its agent)
+    inbox = Inbox(transport.inbox(), lambda msg: beats_seen.append(msg.node))
     k = min(procs, len(nodes))
     parts = [[d for d in devices if d // PER_NODE in nodes[i::k]] for i in range(k)]
     record = None if records == "off" else fake_record(microbatches)
@@ -179,7 +180,7 @@ def measure(n: int, iterations: int, procs: int, records: str = "off", microbatc
         else:
             kept.setdefault(msg.record["iter"], {})[msg.device] = msg.record
 
-    rss0, cpu0 = _rss_mb(), time.process_time()
+    rss0, cpu0, loop0 = _rss_mb(), time.process_time(), time.thread_time()
     curve = [round(rss0, 1)]
     gaps, t_prev = [], time.perf_counter()
     for k in range(iterations):
@@ -203,7 +204,7 @@ def measure(n: int, iterations: int, procs: int, records: str = "off", microbatc
         msg = inbox.get(5.0)
         assert msg is not None and msg.kind is Kind.RECORD, msg
         on_record(msg)
-    cpu = time.process_time() - cpu0
+    cpu, loop = time.process_time() - cpu0, time.thread_time() - loop0
     rss1, keys = _rss_mb(), store.num_keys()
     if filed is not None:
         filed.close()
@@ -219,6 +220,7 @@ def measure(n: int, iterations: int, procs: int, records: str = "off", microbatc
         "commit_ms_median": 1e3 * statistics.median(steady),
         "commit_ms_p95": 1e3 * steady[int(0.95 * (len(steady) - 1))],
         "controller_cpu_ms_per_iter": 1e3 * cpu / iterations,
+        "loop_cpu_ms_per_iter": 1e3 * loop / iterations,  # the controller's own thread, no store server
         "rss_mb_start": rss0,
         "rss_mb_end": rss1,
         "records": records,
