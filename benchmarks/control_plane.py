@@ -14,16 +14,24 @@ Measured, per n, over `--iterations` commits:
 * commit round trip: from writing the decision of k - 1 to writing that of k (every member read
   it, reported k, and the controller took all n reports) — median and 95th percentile;
 * controller CPU per iteration: this process's CPU time (the controller loop *and* the store's
-  server thread, which runs in the controller's process) divided by the iterations;
+  server thread, which runs in the controller's process) divided by the iterations; and the
+  loop's share alone (`loop_cpu_ms_per_iter`: this thread's CPU time), the rest being the server's;
 * controller memory: resident set after the members connected and after the last iteration, and
   the store's key count (one decision key per iteration: the growth that stays).
 
+With `--records stream` (or `keep`) each member also sends, after each decision, a trace record of
+realistic size (`--microbatches`, default 64: its F/B/W/SEND/RECV rows and received blocks, about
+14 KB as JSON), as a real member does; the controller files every one as `launch_elastic` does,
+in a `records.RecordStore` streaming to a temporary trace file (`stream`), or in a dict of every
+record of the run (`keep`: what the controller did before the store, for the contrast). The
+resident set is then sampled at every tenth of the run (`rss_mb_curve`): flat or growing.
+
     .venv/bin/python benchmarks/control_plane.py [--members 8 64 256 1024] [--iterations 1000]
-        [--procs 8] [--json OUT]
+        [--procs 8] [--records off|stream|keep] [--microbatches 64] [--json OUT]
 
 The issue's target: <= 20 ms per commit at 256 members on this machine; the growth with members
-is reported. What this does not measure: the controller's own per-iteration bookkeeping of a real
-job (trace records, the slow watch), which grows with the records kept.
+is reported. What this does not measure: the rest of a real controller's per-iteration work (the
+slow watch, events, the liveness table).
 """
 
 from __future__ import annotations
@@ -34,13 +42,24 @@ import multiprocessing as mp
 import os
 import statistics
 import sys
+import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from resihp.core.trace_format import InstrRow, LinkRow, record_to_json  # noqa: E402
 from resihp.runtime.control.liveness import HEARTBEAT_S, Inbox  # noqa: E402
-from resihp.runtime.control.protocol import AgentBeat, Decision, Heartbeat, Kind, Reached, Verdict  # noqa: E402
+from resihp.runtime.control.protocol import (  # noqa: E402
+    AgentBeat,
+    Decision,
+    Heartbeat,
+    Kind,
+    Reached,
+    Record,
+    Verdict,
+)
+from resihp.runtime.control.records import RecordStore  # noqa: E402
 from resihp.runtime.control.transport import Transport, Unreachable  # noqa: E402
 
 PER_NODE = 8
@@ -54,18 +73,39 @@ def _rss_mb() -> float:
     return float("nan")
 
 
-def _members(port: int, devices: list[int], iterations: int, ready) -> None:
+def fake_record(microbatches: int) -> dict:
+    """A trace record of a middle pipeline stage at `microbatches` micro-batches (timings made up,
+    sizes as a worker's: docs/trace-format.md)."""
+    rows = []
+    for mb in range(microbatches):
+        rows += [
+            InstrRow("RECV", 0, mb, 1.2e-06, 0.0213114),
+            InstrRow("F", 0, mb, 0.0041153, 0.0009071),
+            InstrRow("SEND", 0, mb, 3.1e-05, 2.2e-05),
+            InstrRow("B", 0, mb, 0.0082117, 0.0011043),
+            InstrRow("W", 0, mb, 0.0040321, 0.0),
+        ]
+    rows += [InstrRow("ALLREDUCE", -1, -1, 0.0012, 0.0101), InstrRow("STEP", -1, -1, 0.0021, 0.0)]
+    links = [LinkRow(4, 5, "act", 0, mb, 32768, 0.0331017) for mb in range(microbatches)]
+    return {
+        "iter": 0, "generation": 0, "device": 0, "replica": 0, "stage": 1, "tp_rank": 0, "wall_s": 0.184,
+        "cpu_s": 0.170, "compute_s": 0.121, "comm_s": 0.052, "instrs": rows, "links": links, "losses": [],
+        "allreduce_bytes": 1204224, "grad_norm": None,
+    }  # fmt: skip
+
+
+def _members(port: int, devices: list[int], iterations: int, ready, record: dict | None) -> None:
     """One worker process: a thread per fake member, and a fake agent per node it hosts."""
     import torch.distributed as dist
 
     from resihp.runtime.control.board import Board
 
     transport = Transport("127.0.0.1", port)
-    results, stop = transport.inbox(), threading.Event()
+    stop = threading.Event()
 
     def member(dev: int) -> None:
         board = Board(dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False))
-        beats = transport.beats(dev // PER_NODE)
+        beats, results = transport.beats(dev // PER_NODE), transport.inbox()
 
         def beat() -> None:
             while not stop.is_set():
@@ -77,9 +117,11 @@ def _members(port: int, devices: list[int], iterations: int, ready) -> None:
         for k in range(iterations):
             results.send(Reached(dev, 0, k, (), 0.0))
             board.decision(0, k)
+            if record is not None:  # (a real member sends it once its step is done)
+                results.send(Record(dev, {**record, "iter": k, "device": dev}))
 
     def agent(node: int) -> None:
-        beats, last = transport.beats(node), {}
+        beats, results, last = transport.beats(node), transport.inbox(), {}
         while not stop.is_set():
             try:
                 msg = beats.recv()
@@ -103,7 +145,7 @@ def _members(port: int, devices: list[int], iterations: int, ready) -> None:
     os._exit(0)
 
 
-def measure(n: int, iterations: int, procs: int) -> dict:
+def measure(n: int, iterations: int, procs: int, records: str = "off", microbatches: int = 64) -> dict:
     import torch.distributed as dist
 
     from resihp.runtime.control.board import Board
@@ -111,33 +153,63 @@ def measure(n: int, iterations: int, procs: int) -> dict:
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     board, transport = Board(store), Transport("127.0.0.1", store.port)
     beats_seen = []
-    inbox = Inbox(transport.inbox(), lambda msg: beats_seen.append(msg.node))
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
     devices = list(range(n))
     nodes = sorted({d // PER_NODE for d in devices})  # a node's devices share a process (its agent)
+    inbox = Inbox(transport.inbox(), lambda msg: beats_seen.append(msg.node))
     k = min(procs, len(nodes))
     parts = [[d for d in devices if d // PER_NODE in nodes[i::k]] for i in range(k)]
-    workers = [ctx.Process(target=_members, args=(store.port, p, iterations, ready)) for p in parts if p]
+    record = None if records == "off" else fake_record(microbatches)
+    args = (store.port, iterations, ready, record)
+    workers = [ctx.Process(target=_members, args=(args[0], p, *args[1:])) for p in parts if p]
     for w in workers:
         w.start()
     for _ in range(n):
         ready.get(timeout=600)
-    rss0, cpu0 = _rss_mb(), time.process_time()
+    trace = tempfile.NamedTemporaryFile(prefix="control-plane-", suffix=".jsonl", delete=False)
+    trace.close()
+    kept: dict[int, dict[int, dict]] = {}  # `keep`: every record of the run, as before the store
+    filed = RecordStore(trace.name) if records == "stream" else None
+    seen = [0]
+
+    def on_record(msg) -> None:
+        seen[0] += 1
+        if filed is not None:
+            filed.add(msg.device, msg.record, n)
+        else:
+            kept.setdefault(msg.record["iter"], {})[msg.device] = msg.record
+
+    rss0, cpu0, loop0 = _rss_mb(), time.process_time(), time.thread_time()
+    curve = [round(rss0, 1)]
     gaps, t_prev = [], time.perf_counter()
     for k in range(iterations):
         got = set()
         while len(got) < n:
             msg = inbox.get(1.0)
-            if msg is not None:
+            if msg is not None and msg.kind is Kind.RECORD:
+                on_record(msg)
+            elif msg is not None:
                 assert msg.kind is Kind.REACHED and msg.iter == k, msg
                 got.add(msg.device)
         board.decide(0, k, Decision(Verdict.COMMIT))
+        if filed is not None:
+            filed.settle(k)  # as the controller's commit does
         now = time.perf_counter()
         gaps.append(now - t_prev)
         t_prev = now
-    cpu = time.process_time() - cpu0
+        if (k + 1) % max(1, iterations // 10) == 0:
+            curve.append(round(_rss_mb(), 1))
+    while record is not None and seen[0] < n * iterations:  # the last iteration's records
+        msg = inbox.get(5.0)
+        assert msg is not None and msg.kind is Kind.RECORD, msg
+        on_record(msg)
+    cpu, loop = time.process_time() - cpu0, time.thread_time() - loop0
     rss1, keys = _rss_mb(), store.num_keys()
+    if filed is not None:
+        filed.close()
+    trace_mb = os.path.getsize(trace.name) / 2**20
+    os.unlink(trace.name)
     for w in workers:
         w.join(60)
     transport.close()
@@ -148,8 +220,13 @@ def measure(n: int, iterations: int, procs: int) -> dict:
         "commit_ms_median": 1e3 * statistics.median(steady),
         "commit_ms_p95": 1e3 * steady[int(0.95 * (len(steady) - 1))],
         "controller_cpu_ms_per_iter": 1e3 * cpu / iterations,
+        "loop_cpu_ms_per_iter": 1e3 * loop / iterations,  # the controller's own thread, no store server
         "rss_mb_start": rss0,
         "rss_mb_end": rss1,
+        "records": records,
+        "record_kb": 0.0 if record is None else len(json.dumps(record_to_json(record))) / 1024,
+        "rss_mb_curve": curve if record is not None else [],
+        "trace_file_mb": trace_mb,
         "store_keys": keys,
         "agent_beats": len(beats_seen),
     }
@@ -160,12 +237,17 @@ def main() -> None:
     ap.add_argument("--members", type=int, nargs="+", default=[8, 64, 256, 1024])
     ap.add_argument("--iterations", type=int, default=1000)
     ap.add_argument("--procs", type=int, default=8, help="worker processes hosting the fake members")
+    ap.add_argument(
+        "--records", choices=("off", "stream", "keep"), default="off",
+        help="members also send trace records: filed by a RecordStore (stream) or all kept (keep)",
+    )  # fmt: skip
+    ap.add_argument("--microbatches", type=int, default=64, help="the fake records' micro-batches")
     ap.add_argument("--json", dest="json_out")
     args = ap.parse_args()
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     out = {"load_avg_before": os.getloadavg()[0], "cpus": os.cpu_count(), "runs": []}
     for n in args.members:
-        row = measure(n, args.iterations, args.procs)
+        row = measure(n, args.iterations, args.procs, args.records, args.microbatches)
         out["runs"].append(row)
         print(
             "  ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()),

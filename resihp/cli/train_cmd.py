@@ -11,6 +11,7 @@ kept, what to do — and exits 2 when it failed, 130 on SIGINT, 143 on SIGTERM.
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import sys
@@ -93,22 +94,43 @@ def run(args, listen: tuple[str, int] | None = None) -> int:
     print(f"  weights: {weights or f'random (run.seed {config.seed})'}; data: {data}")
     from resihp.runtime.job import Interrupted, WorkerFailed
 
+    trace_as = "file" if args.json_out else "none"  # `--json` streams the trace from its file
     try:
-        result = run_training(config, progress=not args.quiet, resume=args.resume, listen=listen)
+        result = run_training(
+            config, progress=not args.quiet, resume=args.resume, listen=listen, trace_as=trace_as
+        )
     except (WorkerFailed, Interrupted) as stop:
-        return stopped(stop, args.json_out)
-    summary(result)
-    if args.json_out:
-        write_result(result, args.json_out)
-        print(f"results written to {args.json_out}")
+        try:
+            return stopped(stop, args.json_out)
+        finally:
+            _discard(stop.result)
+    try:
+        summary(result)
+        if args.json_out:
+            write_result(result, args.json_out)
+            print(f"results written to {args.json_out}")
+    finally:
+        _discard(result)
     return 0
 
 
-def write_result(result: dict, path: str) -> None:
-    from resihp.core.files import write_atomic
+def _discard(result: dict | None) -> None:
+    from resihp.runtime.control.records import TraceFile
 
+    if result is not None and isinstance(result.get("trace"), TraceFile):
+        result["trace"].discard()  # (a temporary one: no run.trace was asked for)
+
+
+def write_result(result: dict, path: str) -> None:
+    """The result as JSON (as `json.dumps` writes it), its `"trace"` streamed (a list or a
+    `records.TraceFile`, never held whole here)."""
+    from resihp.core.files import write_atomic
+    from resihp.runtime.control.records import trace_chunks
+
+    mark = "\0trace\0"  # a placeholder no result holds (its JSON text: the one "\u0000trace\u0000")
     out = {k: v for k, v in result.items() if k not in ("state", "worker_pids")}
-    write_atomic(path, json.dumps(out))
+    head, tail = json.dumps({**out, "trace": mark}).split(json.dumps(mark))
+    write_atomic(path, itertools.chain([head], trace_chunks(out["trace"]), [tail]))
 
 
 def summary(result: dict) -> None:

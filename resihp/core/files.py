@@ -104,12 +104,14 @@ def check_dir(path: str, what: str) -> None:
         raise ValueError(f"{what} {path}: cannot write in {up} ({why}); give a writable place")
 
 
-def write_atomic(path: str, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same directory and one rename."""
+def write_atomic(path: str, text) -> None:
+    """Write `text` (a str, or an iterable of str pieces written in turn) to `path` through a
+    temporary file in the same directory and one rename."""
     tmp = os.path.join(_parent(path), f".{os.path.basename(path)}.tmp{os.getpid()}")
     try:
         with open(tmp, "w") as fh:
-            fh.write(text)
+            for piece in [text] if isinstance(text, str) else text:
+                fh.write(piece)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

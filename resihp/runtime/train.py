@@ -21,11 +21,11 @@ packed sequences (micro-batches) and `tokens` = samples x seq_len.
 
 from __future__ import annotations
 
-import json
+import os
+import tempfile
 import time
 
 from resihp.core.plan import Plan
-from resihp.core.trace_format import record_to_json
 from resihp.model.loss import iteration_loss
 from resihp.sched.base import Policy
 
@@ -34,6 +34,7 @@ from .config import TrainConfig
 from .control.controller import launch_elastic
 from .control.hosting import Hosting
 from .control.protocol import Reached
+from .control.records import TraceFile
 from .job import Interrupted, WorkerFailed
 from .live import Progress
 from .state.dirlock import acquire
@@ -68,6 +69,7 @@ def run_training(
     policy: Policy | None | object = FROM_CONFIG,
     resume: str | None = None,
     listen: tuple[str, int] | None = None,
+    trace_as: str = "list",
 ) -> dict:
     """Train `config` (default: the embedded job) under `plan` (default: `config.plan()`).
 
@@ -89,6 +91,11 @@ def run_training(
 
     `listen`: (host, port) where the controller's store listens for the `run.nodes` agents that
     `resihp agent` starts (`resihp controller`; None: the embedded agents, forked here).
+
+    The trace records stream to `config.trace` (else, unless `trace_as` is "none", to a temporary
+    file) as the run goes (`records.RecordStore`); the result's `"trace"` is that file read back
+    (`trace_as` "list"), the file itself (`records.TraceFile`, "file": the caller streams it, e.g.
+    `--json`, and discards it) or empty ("none").
 
     `progress`: live progress and events on stderr (`live.Progress`). A job that cannot go on
     raises `WorkerFailed`, one stopped by SIGINT / SIGTERM `Interrupted` — after every process is
@@ -141,6 +148,7 @@ def run_training(
         rows.append(row)
         bar.update(row, row["samples"] / max(row["time_s"], 1e-9))
 
+    trace = trace_file(config.trace, trace_as)
     stopped: WorkerFailed | Interrupted | None = None
     try:
         try:
@@ -162,17 +170,25 @@ def run_training(
                     config.controller_timeout_s,
                     config.devices_per_node,
                 ),  # fmt: skip
+                trace=None if trace is None else trace.path,
             )
         except (WorkerFailed, Interrupted) as stop:
             assert stop.output is not None, "the controller attaches what it had"
             out, stopped = stop.output, stop
+    except BaseException:  # (a bug, a user error before any process started): no trace to keep
+        if trace is not None:
+            trace.discard()
+        raise
     finally:
         bar.close()
         if lock is not None:
             lock.release()
+    if trace is not None and trace_as == "list":
+        out["trace"] = trace.read()
+        trace.discard()
+    else:
+        out["trace"] = trace if trace is not None and trace_as == "file" else []
     result = run_result(config, plan, rows, out, time.perf_counter() - t_start, stopped)
-    if config.trace:
-        write_trace(config.trace, result["trace"])
     if return_state:
         result["state"] = out["state"]
     if stopped is not None:
@@ -181,11 +197,18 @@ def run_training(
     return result
 
 
-def write_trace(path: str, trace: list[dict]) -> None:
-    """The trace as JSON lines, one per device and iteration (docs/trace-format.md)."""
-    with open(path, "w") as f:
-        for rec in trace:
-            f.write(json.dumps(rec) + "\n")
+def trace_file(path: str | None, trace_as: str) -> TraceFile | None:
+    """Where the run's records stream: `path` (`run.trace`), else a temporary file unless
+    `trace_as` is "none" (no trace wanted: None)."""
+    if trace_as not in ("list", "file", "none"):
+        raise ValueError(f"trace_as = {trace_as!r}: must be list, file or none")
+    if path is not None:
+        return TraceFile(path, temporary=False)
+    if trace_as == "none":
+        return None
+    fd, tmp = tempfile.mkstemp(prefix="resihp-trace-", suffix=".jsonl")
+    os.close(fd)
+    return TraceFile(tmp, temporary=True)
 
 
 def run_result(
@@ -213,7 +236,7 @@ def run_result(
             "tokens_per_s": sum(r["tokens"] for r in steady) / max(run_s, 1e-9),
         },
         "trace_version": TRACE_VERSION,
-        "trace": [record_to_json(rec) for it in sorted(out["records"]) for rec in out["records"][it]],
+        "trace": out["trace"],
     }
     result["worker_pids"] = out["pids"]
     result["plans"] = [p.to_dict() for p in out["plans"]]

@@ -89,6 +89,33 @@ def _session(sid: int) -> list[int]:
     return out
 
 
+def _tcp(pids: list[int]) -> list[tuple[str, str, int, str]]:
+    """(local address, remote address, remote port, state: LISTEN | other) of the TCP sockets the
+    processes `pids` hold (IPv4, /proc/net/tcp)."""
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+        except OSError:  # gone meanwhile
+            continue
+
+    def ip_port(field: str) -> tuple[str, int]:
+        ip, port = field.split(":")
+        return socket.inet_ntoa(bytes.fromhex(ip)[::-1]), int(port, 16)
+
+    out = []
+    with open("/proc/net/tcp") as f:
+        for row in f.read().splitlines()[1:]:
+            cols = row.split()
+            if cols[9] in inodes:
+                (local, _), (remote, rport) = ip_port(cols[1]), ip_port(cols[2])
+                out.append((local, remote, rport, "LISTEN" if cols[3] == "0A" else "other"))
+    return out
+
+
 def _none_left(procs, within_s: float = 5.0) -> list[int]:
     deadline = time.monotonic() + within_s
     while any(_session(p.pid) for p in procs) and time.monotonic() < deadline:
@@ -122,10 +149,12 @@ def reference(tmp_path_factory) -> list[tuple[int, float]]:
 
 def test_two_agents_match_train_then_finish_on_one_node_when_the_other_is_killed(tmp_path, reference):
     """Fault-free: losses equal `resihp train`'s (1e-6), every process exits 0 and none is left.
-    Then `kill -9` of node 1's agent after iteration 3: its members go with it, the controller
-    declares the silent node dead (a fail-stop of devices 4-7, cause "node"), replica 0 runs on and
-    the run finishes: losses equal the fault-free run's (1e-4), iterations 0..11 each once; node 0's
-    agent exits 0 and nothing is left running."""
+    Then, after iteration 3, the members' gloo groups listen on their node's advertised address
+    (127.0.0.2, 127.0.0.3) and connect to the peers' (gloo leaves a connection's source address to
+    the kernel); `kill -9` of node 1's agent: its
+    members go with it, the controller declares the silent node dead (a fail-stop of devices 4-7,
+    cause "node"), replica 0 runs on and the run finishes: losses equal the fault-free run's
+    (1e-4), iterations 0..11 each once; node 0's agent exits 0 and nothing is left running."""
     cfg, port = _config(tmp_path), _free_port()
     out = tmp_path / "controller.json"
     controller = _resihp("controller", "--config", cfg, "--listen", f"127.0.0.1:{port}", "--json", str(out),
@@ -153,6 +182,13 @@ def test_two_agents_match_train_then_finish_on_one_node_when_the_other_is_killed
         while not line.startswith("iter 3/"):
             line = controller.stderr.readline()
             assert line, "the controller ended before iteration 3"
+        advertised = {"127.0.0.2", "127.0.0.3"}
+        for k, agent in enumerate(agents):  # each node's members listen on its --advertise address
+            sockets = [s for s in _tcp(_session(agent.pid)) if s[2] != port]  # (not the store's)
+            assert {s[0] for s in sockets if s[3] == "LISTEN"} == {f"127.0.0.{k + 2}"}, sockets
+            # connections: accepted on that address, or made to a peer's (the kernel picks the source)
+            links = [s for s in sockets if s[3] != "LISTEN"]
+            assert links and all(s[0] == f"127.0.0.{k + 2}" or s[1] in advertised for s in links), links
         os.kill(agents[1].pid, signal.SIGKILL)
         _, err = controller.communicate(timeout=300)
         assert controller.returncode == 0, err

@@ -100,4 +100,9 @@ def test_no_live_copy_restarts_from_the_newest_checkpoint(tmp_path):
     restart = [e for e in out["events"] if e["kind"] == "restart"]
     assert len(restart) == 1 and restart[0]["to_iter"] == 2 and restart[0]["checkpoint"] == iter_dir(ckpt, 2)
     assert not {0, 4} & set(restart[0]["devices"])
+    # the trace is the committed history: iteration 2 of generation 0 (rewound) is gone, no repeat
+    rows = [(r["iter"], r["generation"], r["device"]) for r in out["trace"]]
+    assert rows == sorted(rows) and len(set(rows)) == len(rows)
+    assert [(it, len({g for i, g, _ in rows if i == it})) for it in range(5)] == [(it, 1) for it in range(5)]
+    assert {d for it, g, d in rows if it >= 2} == set(restart[0]["devices"])
     assert alive(out["worker_pids"]) == [], "orphan worker processes"

@@ -140,3 +140,43 @@ def test_an_agent_cut_off_from_its_controller_kills_its_member_and_exits_with_on
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_the_inbox_log_takes_many_messages_per_read_each_once_in_each_senders_order(monkeypatch):
+    """`StoreLog` (the controller's inbox): 4 senders append 300 messages each while the reader
+    takes them: every message arrives once, each sender's in order; a read of messages already
+    there is two round trips however many there are, an empty poll one."""
+    import resihp.runtime.control.transport as transport_mod
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    transport = Transport("127.0.0.1", store.port)
+    inbox = transport.inbox()
+    assert inbox.recv() is None
+
+    def send(sender: int) -> None:
+        out = transport.inbox()
+        for i in range(300):
+            out.send(Joining(sender, i))
+
+    threads = [threading.Thread(target=send, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    got: dict[int, list[int]] = {s: [] for s in range(4)}
+    deadline = time.monotonic() + 60
+    while sum(map(len, got.values())) < 1200 and time.monotonic() < deadline:
+        msg = inbox.recv(0.5)
+        if msg is not None:
+            got[msg.device].append(msg.generation)
+    for t in threads:
+        t.join()
+    assert got == {s: list(range(300)) for s in range(4)} and inbox.recv() is None
+
+    calls = []
+    real = transport_mod._store_op
+    monkeypatch.setattr(transport_mod, "_store_op", lambda *a: calls.append(a[2]) or real(*a))
+    assert inbox.recv() is None and calls == ["compare_set"]
+    send(7)
+    calls.clear()
+    assert [inbox.recv().generation for _ in range(300)] == list(range(300))
+    assert calls == ["compare_set", "compare_set"]
+    transport.close()

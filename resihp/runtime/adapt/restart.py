@@ -79,7 +79,6 @@ def rewind(ctrl, point: Restart) -> str:
     """Set the controller back to the checkpoint's iteration: the iterations from it on run again
     (their records and `Reached` messages so far are dropped). Returns the checkpoint path, the
     next generation's `restore`."""
-    for k in [k for k in ctrl.records if k >= point.iteration]:
-        del ctrl.records[k]
+    ctrl.records.rewind(point.iteration)
     ctrl.reached, ctrl.it = {}, point.iteration
     return point.path

@@ -70,6 +70,7 @@ from .protocol import (
     Stopping,
     Verdict,
 )
+from .records import RecordStore
 from .signals import StopSignals
 from .transport import Transport
 
@@ -90,6 +91,7 @@ def launch_elastic(
     start_timeout_s: float = START_TIMEOUT_S,
     devices_per_node: int | None = None,
     hosting: Hosting | None = None,
+    trace: str | None = None,
 ) -> dict:
     """Run `job` from `plan` (generation 0), switching to each `(iteration, plan)` of `replans` at
     that iteration boundary and recovering from member deaths (docs/runtime.md).
@@ -105,17 +107,18 @@ def launch_elastic(
     `heartbeat_timeout_s` is killed (a fail-stop); one with no heartbeat `start_timeout_s` after
     its spawn fails the job. Devices with the same `d // devices_per_node` (None: all) form a node
     with one agent (`hosting`: where the store listens, where agents come from; None: forked here).
+    The trace records stream to the file `trace` (JSON lines, the committed history; None: kept
+    nowhere) as iterations settle; the controller holds a window only (`records.RecordStore`).
 
-    Returns {"records": {it: [trace records]}, "state": replica -> full state dict of the final
-    plan (with `job.return_state`), "events" (in the order made), "plans", "pids": every agent and
-    member process, "faults": (fault as given, iteration, seconds on the clock) of every time-keyed
-    fault resolved}. A job that cannot go on raises `WorkerFailed`, one stopped by SIGINT or
-    SIGTERM `Interrupted`; either carries that result up to the stop (`output`) and the way on (`advice`).
-    """
+    Returns {"state": replica -> full state dict of the final plan (with `job.return_state`),
+    "events" (in the order made), "plans", "pids": every agent and member process, "faults": (fault
+    as given, iteration, seconds on the clock) of every time-keyed fault resolved}. A job that cannot
+    go on raises `WorkerFailed`, one stopped by SIGINT or SIGTERM `Interrupted`; either carries that
+    result up to the stop (`output`) and the way on (`advice`)."""
     return Controller(
         plan, job, faults=faults, replans=replans, on_commit=on_commit, on_event=on_event,
         detect_slow=detect_slow, policy=policy, heartbeat_timeout_s=heartbeat_timeout_s,
-        start_timeout_s=start_timeout_s, devices_per_node=devices_per_node, hosting=hosting,
+        start_timeout_s=start_timeout_s, devices_per_node=devices_per_node, hosting=hosting, trace=trace,
     ).run()  # fmt: skip
 
 
@@ -126,25 +129,17 @@ class Controller:
     `gen`, `cur`: the latest published generation and its plan; `it`: the iteration to commit next;
     `members`: the devices of the live member processes; `reached`: plan device -> its `Reached`
     message for `it` in `gen`; `plans`, `bodies`: every generation's plan and published body;
-    `fails`: the failure not replanned yet and the recovery measured (`failover.Failover`).
+    `fails`: the failure not replanned yet and the recovery measured (`failover.Failover`);
+    `records`: the trace records of the iterations not settled yet (`records.RecordStore`).
     """
 
     def __init__(
-        self,
-        plan: Plan,
-        job: JobSpec,
-        *,
-        faults,
-        replans,
+        self, plan: Plan, job: JobSpec, *, faults, replans,
         on_commit: Callable[[int, Plan, list[Reached]], None] | None,
-        on_event: Callable[[dict, list[Plan]], None] | None,
-        detect_slow: bool,
-        policy: Policy | None,
-        heartbeat_timeout_s: float,
-        start_timeout_s: float,
-        devices_per_node: int | None,
-        hosting: Hosting | None = None,
-    ) -> None:
+        on_event: Callable[[dict, list[Plan]], None] | None, detect_slow: bool, policy: Policy | None,
+        heartbeat_timeout_s: float, start_timeout_s: float, devices_per_node: int | None,
+        hosting: Hosting | None = None, trace: str | None = None,
+    ) -> None:  # fmt: skip
         self.plan, self.job, self.on_commit, self.policy = plan, job, on_commit, policy
         self.devices_per_node, self.end = devices_per_node, job.start_iteration + job.iterations
         self.timed = TimedFaults(faults, job.start_iteration, self.end)
@@ -157,7 +152,7 @@ class Controller:
         self.members = set(plan.devices()) | set(plan.standby)
         body0 = Generation(0, plan, tuple(sorted(self.members)), self.it, None, tuple(self.timed.faults))
         self.origin = None  # the fault clock: time.monotonic() when the first `go` was written
-        self.records, self.shards, self.plans = {}, {}, [plan]
+        self.shards, self.plans = {}, [plan]
         self.log = EventLog(self.plans, on_event)
         self.reached: dict[int, Reached] = {}
         self.joined: dict[int, list[Joined]] = {}  # generation -> its members' `Joined` messages
@@ -174,6 +169,7 @@ class Controller:
         self.fails = Failover(self.board, self.barrier)  # the failure not replanned yet, recoveries
         self.joined_devs: dict[int, set[int]] = {}  # generation -> members that completed its join
         self.bodies: dict[int, Generation] = {0: body0}
+        self.records = RecordStore(trace)  # last: it opens the trace file (closed by `run`)
 
     def run(self) -> dict:
         """Spawn generation 0's members, then handle deaths, the join barrier and every message until
@@ -191,6 +187,7 @@ class Controller:
                     self.procs.close(10.0)  # every member said done: let them exit
                 finally:  # (WorkerFailed carries `agents.pids`: complete once this read the last reports)
                     self.procs.close(0.0)
+                    self.records.close()
                     self.transport.close()
                     self.store = None  # shut the TCPStore down with its last reference
         except (WorkerFailed, Interrupted) as stop:
@@ -224,7 +221,6 @@ class Controller:
         mark_noticed(self.log.events, self.fails.noticed)
         state = self.job.return_state and self.finished and self.procs.done >= self.members
         return {
-            "records": {k: [v[d] for d in sorted(v)] for k, v in sorted(self.records.items())},
             "state": gather_replicas(self.cur, self.shards) if state else {},
             "events": self.log.events,
             "plans": self.plans,
@@ -330,6 +326,7 @@ class Controller:
         if recovered is not None:
             self.log.completed(recovered)
         self.reached, self.it = {}, it + 1
+        self.records.settle(it)  # every record of it - 1 that will come came before these `Reached`
         if self.it == self.end:
             self.finished = True
             self.board.publish(None, self.gen + 1)  # standby members: stop
@@ -365,16 +362,15 @@ class Controller:
                 self.commit()
 
     def on_record(self, msg: Record) -> None:
-        """A plan device's trace record. With `detect_slow`, each complete iteration goes to the
-        `SlowWatch`; its new reports in the current generation go to the scheduler
+        """A plan device's trace record (to `records`). With `detect_slow`, each complete iteration goes
+        to the `SlowWatch`; its new reports in the current generation go to the scheduler
         (`reconfig.replan_after_slow`), whose plan is due from `it` + 1 (`Boundaries.propose`)."""
         rec = msg.record
-        got = self.records.setdefault(rec["iter"], {})
-        got[msg.device] = rec
         g_rec, watch = rec["generation"], self.watch
-        if watch is None or len(got) != len(self.plans[g_rec].devices()):
+        got = self.records.add(msg.device, rec, len(self.plans[g_rec].devices()))
+        if watch is None or got is None:
             return
-        found = watch.observe(rec["iter"], g_rec, [got[d] for d in sorted(got)])
+        found = watch.observe(rec["iter"], g_rec, got)
         found = watch.admit(g_rec, found) if g_rec == self.gen else []
         if found:  # the scheduler decides (reconfig.replan_after_slow), from it + 1
             known = (watch.speeds, watch.link_factors)

@@ -74,6 +74,7 @@ from .abort import (
     destroy_groups,
     nccl_env,
 )
+from .bind import gloo_backend
 from .board import PG_TIMEOUT_S, Board
 from .liveness import HeartbeatThread
 from .pids import watch
@@ -202,7 +203,7 @@ def _run(
         try:
             short = timedelta(seconds=JOIN_TIMEOUT_S)
             dist.init_process_group(
-                job.backend,
+                gloo_backend() if job.backend == "gloo" else job.backend,  # (on --advertise: bind.py)
                 store=dist.PrefixStore(f"gen{g}", store),
                 rank=ranks[device],
                 world_size=len(ranks),
@@ -213,7 +214,7 @@ def _run(
                 dist.all_reduce(torch.zeros(1, device=dev))
             groups = build_groups(plan, device, ranks, timeout=short, step=job.optim.grad_clip > 0)
             if job.snapshots:  # a gloo group of its own: the side thread's sends never meet the main's
-                keeper = Keeper(plan, device, ranks, dist.new_group(backend="gloo", timeout=short))
+                keeper = Keeper(plan, device, ranks, dist.new_group(backend=gloo_backend(), timeout=short))
             stop = join_stop(faults, device, it)
             if stop is not None:  # the injected death (or hang) during a rebuild
                 fail_now(stop, device, it, results, heart)

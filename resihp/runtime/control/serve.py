@@ -2,9 +2,9 @@
 
 `serve` waits for the controller's store (up to `wait_s`: the controller may start later, or be
 restarting), reads what the controller published (`hosting.run_info`: its fencing timeout, the
-devices per node), checks the node's `--devices` against it, binds the members' gloo to the
-interface of `--advertise` (`GLOO_SOCKET_IFNAME`, unless the user set it: gloo binds to an
-interface, and on a host with several the advertised address says which), then runs the agent
+devices per node), checks the node's `--devices` against it, has the members bind their gloo
+groups to the `--advertise` address (`bind.py`; unless the user set `GLOO_SOCKET_IFNAME`: gloo
+then binds to that interface), then runs the agent
 (`agent.agent_main`, which registers by beating). The agent is never forked by the controller; a
 cluster manager (Slurm's `srun`, a Kubernetes pod) starts one per node (docs/deploy.md).
 
@@ -25,6 +25,7 @@ import struct
 import sys
 import time
 
+from . import bind
 from .agent import agent_main
 from .hosting import RUN_KEY, run_info
 from .transport import Transport, Unreachable, load_quietly
@@ -66,7 +67,8 @@ def serve(host: str, port: int, node: int, devices: int | None, advertise: str |
     """Run node `node`'s agent for the controller at (`host`, `port`); the exit status."""
     load_quietly("TORCH_CPP_LOG_LEVEL" in os.environ)  # waiting for a controller says nothing per try
     if advertise is not None and "GLOO_SOCKET_IFNAME" not in os.environ:
-        os.environ["GLOO_SOCKET_IFNAME"] = interface_of(advertise)  # the members inherit it
+        interface_of(advertise)  # an address of this host (else exit 2 naming it)
+        bind.advertise(socket.gethostbyname(advertise))  # the members' gloo binds to it (bind.py)
     transport = Transport(host, port)
     deadline, data = time.monotonic() + wait_s, None
     while data is None:

@@ -5,7 +5,7 @@ what the controller tells the members lives under the store's keys (`board.py`),
 that flows the other way, or to and from an agent, is a `Channel` — one direction of messages
 (`protocol.encode` / `decode`, bytes on the wire) kept in one store queue key:
 
-* `INBOX`: the controller's (members and agents -> controller);
+* `INBOX`: the controller's (members and agents -> controller), a `StoreLog`;
 * `commands_key(node)`: node `node`'s agent's commands (controller -> agent);
 * `beats_key(node)`: its members' heartbeats (members -> agent);
 
@@ -16,7 +16,10 @@ knows its channels from `--node-rank` and the controller's address alone. A send
 `queue_push` (delivered when it returns: nothing is buffered in the sender, so a process killed or
 frozen right after holds nothing of the channel); a receive pops (`queue_pop`, non-blocking,
 polled with a short back-off while a `recv` waits), so a queue holds only what its one reader has
-not taken yet and the reader drains it every turn. No pid, clock or path crosses the wire.
+not taken yet and the reader drains it every turn. The controller's inbox, which every member
+writes every iteration, is a `StoreLog` instead: a send is one `append` of a length-framed message,
+and the controller takes every message there in one batched read (two `compare_set`s) where a
+queue pops one message per round trip. No pid, clock or path crosses the wire.
 
 A `StoreQueue` pickles as its address (host, port, key): a channel handed to a child process
 reconnects there, through one client per process and address (`_client`; the c10d client is
@@ -35,8 +38,10 @@ from __future__ import annotations
 import os
 import queue as queue_mod
 import socket
+import struct
 import threading
 import time
+from collections import deque
 from datetime import timedelta
 
 from .protocol import decode, encode
@@ -153,7 +158,26 @@ def _store_op(host: str, port: int, op: str, *args):
         raise Unreachable(f"store {host}:{port}: {_first_line(e)}") from None
 
 
-class StoreQueue:
+class _Waits:
+    """`get(timeout)` of a store channel: its `get_nowait`, polled with a short back-off."""
+
+    def get_nowait(self) -> bytes:
+        raise NotImplementedError
+
+    def get(self, timeout: float) -> bytes:
+        deadline, pause = time.monotonic() + timeout, POLL_S[0]
+        while True:
+            try:
+                return self.get_nowait()
+            except queue_mod.Empty:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                time.sleep(min(pause, left))
+                pause = min(2 * pause, POLL_S[1])
+
+
+class StoreQueue(_Waits):
     """One queue key of the store at (`host`, `port`); `put`, `get`, `get_nowait` as `queue.Queue`'s."""
 
     def __init__(self, host: str, port: int, key: str) -> None:
@@ -174,18 +198,6 @@ class StoreQueue:
     def get_nowait(self) -> bytes:
         return self._call("queue_pop", False)
 
-    def get(self, timeout: float) -> bytes:
-        deadline, pause = time.monotonic() + timeout, POLL_S[0]
-        while True:
-            try:
-                return self.get_nowait()
-            except queue_mod.Empty:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise
-                time.sleep(min(pause, left))
-                pause = min(2 * pause, POLL_S[1])
-
     def __len__(self) -> int:
         """Messages not taken yet."""
         return self._call("queue_len")
@@ -193,6 +205,62 @@ class StoreQueue:
     def delete(self) -> None:
         """Drop what is left in the queue (its reader is gone for good)."""
         self._call("delete_key")
+
+
+_FRAME = struct.Struct("<I")  # a `StoreLog` message's length, before its bytes
+
+
+class StoreLog(_Waits):
+    """An append-only key of the store at (`host`, `port`) read as a queue that hands out many
+    messages per round trip: `put` appends one length-framed message; `get_nowait` hands out the
+    messages the last read took, and reads again when none is left: `compare_set(key, b"", b"")`
+    (creates the key empty if missing, else returns what it holds), then `compare_set(key, data,
+    b"")`, which empties it if it still holds exactly `data` (else it returns what it holds now,
+    the messages appended meanwhile included, and the next try takes that). An empty poll is one
+    round trip, as a pop; a read of n messages two (more only while senders append meanwhile).
+    Each sender's messages come out in the order sent. It pickles as its address, as a
+    `StoreQueue` does."""
+
+    def __init__(self, host: str, port: int, key: str) -> None:
+        self.__setstate__((host, port, key))
+
+    def __getstate__(self):
+        return (self.host, self.port, self.key)
+
+    def __setstate__(self, state) -> None:
+        self.host, self.port, self.key = state
+        self.taken: deque[bytes] = deque()  # read from the store, not handed out yet
+
+    def _cas(self, expected: bytes) -> bytes:
+        return _store_op(self.host, self.port, "compare_set", self.key, expected, b"")
+
+    def put(self, data: bytes) -> None:
+        _store_op(self.host, self.port, "append", self.key, _FRAME.pack(len(data)) + data)
+
+    def get_nowait(self) -> bytes:
+        if not self.taken:
+            data = self._cas(b"")
+            while data:
+                now = self._cas(data)
+                if now == b"":  # emptied: `data` is this reader's
+                    self.taken.extend(_frames(data))
+                    break
+                data = now
+        if not self.taken:
+            raise queue_mod.Empty
+        return self.taken.popleft()
+
+    def __len__(self) -> int:
+        """Messages not taken yet."""
+        return len(self.taken) + sum(1 for _ in _frames(self._cas(b"")))
+
+
+def _frames(data: bytes):
+    at = 0
+    while at < len(data):
+        (n,) = _FRAME.unpack_from(data, at)
+        yield data[at + _FRAME.size : at + _FRAME.size + n]
+        at += _FRAME.size + n
 
 
 class Channel:
@@ -223,7 +291,8 @@ class Transport:
         return Channel(StoreQueue(self.host, self.port, key))
 
     def inbox(self) -> Channel:
-        return self.channel(INBOX)
+        """The controller's inbox (a `StoreLog`: the controller takes many messages per read)."""
+        return Channel(StoreLog(self.host, self.port, INBOX))
 
     def commands(self, node: int) -> Channel:
         return self.channel(commands_key(node))

@@ -1,0 +1,111 @@
+"""The controller's trace records: streamed to the trace file as iterations settle, a window kept.
+
+Every plan device sends its trace record of each iteration it ran (`protocol.Record`, after the
+commit of that iteration). `RecordStore` is where they all go, and the only place that holds them:
+
+* in memory only the iterations whose records may still come (`pending`: the window, in practice
+  the last one or two iterations): an iteration is *settled* once every plan device of its
+  generation sent its record, or once the next iteration was committed (every live device sent
+  its record of `k` before it reported `Reached` for `k + 1`; a device that died in between never
+  will). `add` hands a complete iteration to its caller (the slow watch, the calibration) once;
+* a settled iteration's records go, in device order, to the trace file (`path`: JSON lines,
+  docs/trace-format.md, `core.trace_format.record_to_json`), iterations in order: the file is the
+  run's committed history;
+* `rewind(k)` (a restart from the checkpoint at iteration `k`, `adapt/restart.py`): the records
+  of iterations `k` and later leave the window and the file (truncated where `k` began), so the
+  history the re-run appends has no gap and no repeat.
+
+`path` None: the records are kept nowhere once settled (no trace asked for). `TraceFile` is such a
+file as a run's result carries it; `trace_chunks` writes either form as `--json`'s list. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from resihp.core.trace_format import record_to_json
+
+
+def trace_line(record: dict) -> str:
+    """One record as its line of the trace file (also an element of `--json`'s `"trace"` list)."""
+    return json.dumps(record_to_json(record))
+
+
+class RecordStore:
+    """The run's trace records (see the module docstring). `starts` holds one file offset per
+    settled iteration (what `rewind` truncates to): the only state that grows with the run."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.file = None if path is None else open(path, "w")  # noqa: SIM115 (closed by `close`)
+        self.pending: dict[int, dict[int, dict]] = {}  # iteration -> device -> record
+        self.starts: dict[int, int] = {}  # iteration -> where its records begin in the file
+
+    def add(self, device: int, record: dict, expected: int) -> list[dict] | None:
+        """File `device`'s `record`; once `expected` devices sent theirs for its iteration, the
+        iteration settles and its records (device order) are returned — once — else None."""
+        k = record["iter"]
+        got = self.pending.setdefault(k, {})
+        got[device] = record
+        if len(got) < expected:
+            return None
+        self.settle(k + 1)
+        return [got[d] for d in sorted(got)]
+
+    def settle(self, upto: int) -> None:
+        """Iterations before `upto` settle: their records go to the file, out of the window."""
+        for k in sorted(k for k in self.pending if k < upto):
+            got = self.pending.pop(k)
+            if self.file is not None:
+                self.starts.setdefault(k, self.file.tell())
+                self.file.write("".join(trace_line(got[d]) + "\n" for d in sorted(got)))
+
+    def rewind(self, it: int) -> None:
+        """Forget the records of iterations `it` and later (they run again)."""
+        for k in [k for k in self.pending if k >= it]:
+            del self.pending[k]
+        later = sorted(k for k in self.starts if k >= it)
+        if self.file is not None and later:
+            self.file.seek(self.starts[later[0]])
+            self.file.truncate()
+        for k in later:
+            del self.starts[k]
+
+    def close(self) -> None:
+        """The run is over: whatever is left in the window settles; the file is complete."""
+        self.settle(1 << 62)
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+class TraceFile:
+    """A run's trace on disk (what a `RecordStore` wrote to `path`), for the result to carry without
+    holding it: `lines()` streams it (`--json`'s `"trace"`), `read()` loads it; a `temporary` file
+    (no `run.trace` was asked for) goes with `discard()`."""
+
+    def __init__(self, path: str, temporary: bool) -> None:
+        self.path, self.temporary = path, temporary
+
+    def lines(self):
+        with open(self.path) as f:
+            for line in f:
+                yield line.rstrip("\n")
+
+    def read(self) -> list[dict]:
+        return [json.loads(line) for line in self.lines()]
+
+    def discard(self) -> None:
+        if self.temporary and os.path.exists(self.path):
+            os.unlink(self.path)
+
+
+def trace_chunks(trace):
+    """`trace` (a list of record objects, or a `TraceFile`) as the text of its JSON list, in pieces:
+    what `json.dumps` writes for the list, without holding it whole."""
+    items = trace.lines() if isinstance(trace, TraceFile) else (json.dumps(r) for r in trace)
+    yield "["
+    for i, item in enumerate(items):
+        yield item if i == 0 else ", " + item
+    yield "]"
