@@ -95,12 +95,14 @@ def test_gpipe_different_layer_partitions_untimed():
 
 def test_default_layout_tp2_pp2_dp2_with_trace_file(tmp_path):
     """The default job's layout (tiny, tp 2 x pp 2 x dp 2, 1F1B) matches the reference; the trace
-    file holds one JSON line per device and iteration, equal to the result's trace."""
+    file holds one JSON line per device and iteration, streamed in (iteration, device) order (the
+    result's trace is read back from it)."""
     path = tmp_path / "trace.jsonl"
     config = TrainConfig(seq_len=32, microbatches=2, iterations=ITERS, trace=str(path))
     res = _check_parity(config.plan(), config)
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert lines == res["trace"] and len(lines) == ITERS * 8
+    keys = [(r["iter"], r["device"]) for r in lines]
+    assert keys == [(k, d) for k in range(ITERS) for d in range(8)] and lines == res["trace"]
     program = compile_plan(config.plan())
     for rec in read_trace(str(path)):  # the detector's reader: entry k is instruction k of the Program
         want = [(i.op, i.src, i.mb) for i in program.instructions(rec.device)]
