@@ -35,7 +35,8 @@ KINDS = {"stop": "fail-stop", "slow": "fail-slow", "before": "fail-slow"}
 def main(argv: list[str]) -> None:
     if len(argv) < 2 or argv[0] not in KINDS or not argv[1].isdigit():
         got = " ".join(argv[:2]) or "(nothing)"
-        print(f"arguments = {got!r}: need KIND N [--profile], KIND one of {', '.join(KINDS)}, N >= 0", file=sys.stderr)
+        allowed = ", ".join(KINDS)
+        print(f"arguments = {got!r}: need KIND N [--profile], KIND one of {allowed}, N >= 0", file=sys.stderr)
         sys.exit(2)
     kind, n = argv[0], int(argv[1])
     _, preset, tp, pp, dp, m, nodes, gpn, gpu, _ = CASES[0]
