@@ -39,16 +39,10 @@ def list_schedule(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> tu
     each chunk started in (int64 array)."""
     sched = get_schedule(plan.schedule)
     dp = plan.dp
-    last = [len(st) - 1 for st in plan.replicas]
     keys = list(work)
     index = {g: k for k, g in enumerate(keys)}
-    # at[src][i][j]: index of the group that runs stage i of (src, j).
-    at = [
-        [[index.get((src, i), -1)] * plan.microbatches[src] for i in range(len(stages))]
-        for src, stages in enumerate(plan.replicas)
-    ]
-    for (src, j, i), d in plan._exec.items():
-        at[src][i][j] = index[(d, i)]
+    at = _executors(plan, index)
+    w1 = max(len(st) for st in plan.replicas) + 1  # at[c * w1 + i]: the group of stage i of chunk c
     # Per group: one record [heap of ready F codes, live count, live limit] per source replica
     # (`recs`, and `by_src` by source index); B and W ready chunks as heaps of codes.
     recs: list[list[list]] = []
@@ -147,29 +141,40 @@ def list_schedule(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> tu
         if idle:
             active = [k for k in active if on[k]]
         for k, c in ran_f:
-            i = stage[k] + 1
-            j, src = divmod(c, dp)
-            if i <= last[src]:
-                t = at[src][i][j]
-                heappush(by_src[t][src][0], c)
+            t = at[c * w1 + stage[k] + 1]
+            if t >= 0:
+                heappush(by_src[t][c % dp][0], c)
                 if not on[t]:
                     on[t] = True
                     active.append(t)
-            else:
-                heappush(ready_b[k], c)  # k runs every stage-i chunk of (src, j)
+            else:  # the last stage: k runs every stage of (src, j) from here
+                heappush(ready_b[k], c)
         if not one_f_one_b:
             for k, c in ran_b:
                 heappush(ready_w[k], c)
         for k, c in ran_b if grad_kind == B else ran_w:
-            i = stage[k] - 1
-            if i >= 0:
-                j, src = divmod(c, dp)
-                t = at[src][i][j]
+            t = at[c * w1 + stage[k] - 1]  # -1 at stage 0 (the previous chunk's padding slot)
+            if t >= 0:
                 heappush(ready_b[t], c)
                 if not on[t]:
                     on[t] = True
                     active.append(t)
     return _decode(keys, started, C, dp)
+
+
+def _executors(plan: Plan, index: dict[GroupKey, int]) -> list[int]:
+    """Flat table of executor groups: entry c * w1 + i (w1 = most stages + 1) is the index in
+    `index` of the group running stage i of chunk c = j * dp + src, -1 past src's last stage (the
+    padding slot w1 - 1 too, so stage -1 of chunk c reads chunk c - 1's padding: -1)."""
+    dp, m = plan.dp, max(plan.microbatches)
+    w1 = max(len(st) for st in plan.replicas) + 1
+    at = np.full((m, dp, w1), -1, dtype=np.int64)  # [j, src, i]: flat index (j * dp + src) * w1 + i
+    for src, stages in enumerate(plan.replicas):
+        for i in range(len(stages)):
+            at[: plan.microbatches[src], src, i] = index.get((src, i), -1)
+    for (src, j, i), d in plan._exec.items():
+        at[j, src, i] = index[(d, i)]
+    return at.ravel().tolist()
 
 
 def _decode(keys: list[GroupKey], started: list[list[int]], C: int, dp: int) -> tuple[dict, dict]:

@@ -93,6 +93,8 @@ class Plan:
     standby: tuple[int, ...] = ()
     generation: int = 0
     _exec: dict = field(default=None, init=False, repr=False, compare=False)
+    # results of pure functions of the plan (e.g. `core.segments.grad_segments`), computed once
+    _derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "replicas", tuple(tuple(r) for r in self.replicas))

@@ -65,7 +65,18 @@ class GradSegment:
 
 
 def grad_segments(plan: Plan) -> tuple[GradSegment, ...]:
-    """The plan's gradient segments in layer order."""
+    """The plan's gradient segments in layer order (of a Plan: computed once per object, the
+    cost model, the memory check and the Program all ask for them; of a planner's draft: anew)."""
+    memo = getattr(plan, "_derived", None)
+    if memo is None:
+        return _grad_segments(plan)
+    out = memo.get("segments")
+    if out is None:
+        out = memo["segments"] = _grad_segments(plan)
+    return out
+
+
+def _grad_segments(plan: Plan) -> tuple[GradSegment, ...]:
     starts = [[st.layers[0] for st in stages] for stages in plan.replicas]
     cuts = sorted({b for stages in plan.replicas for st in stages for b in st.layers})
     last = plan.model.num_layers

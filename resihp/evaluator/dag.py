@@ -320,10 +320,10 @@ class Dag:
                 got = take(gather, axis=0)  # end[dep] (first e - s rows), free[prev] (the rest)
                 t = got[: e - s]
                 t += edge[s:e]
-                maximum(got[e - s :], t, out=t)
-                t += dur[s:e]
-                end[s:e] = t
-                add(t, send[s:e], out=free[s:e])
+                t_end = end[s:e]
+                maximum(got[e - s :], t, out=t_end)  # written in place: no copy into `end`
+                t_end += dur[s:e]
+                add(t_end, send[s:e], out=free[s:e])
             out.append((end, free))
         return out
 

@@ -51,13 +51,31 @@ def layer_counts(plan: Plan) -> list[tuple[int, ...]]:
     return [tuple(st.num_layers for st in stages) for stages in plan.replicas]
 
 
+def by_plan(fn):
+    """`fn(plan, *rest)` computed once per distinct plan (Plan equality): candidates can coincide
+    ("pipeline" is "exclude" when the exact split is the current one), and a pure function of an
+    equal plan gives the same answer, so the repeat reuses it (one replan's memo)."""
+    seen: list[tuple[Plan, object]] = []
+
+    def once(plan: Plan, *rest):
+        for other, answer in seen:
+            if other == plan:
+                return answer
+        answer = fn(plan, *rest)
+        seen.append((plan, answer))
+        return answer
+
+    return once
+
+
 def resplit_candidates(ctx, cands, cluster, alone_s) -> list[tuple[str, Plan]]:
     """`cands` re-split over their replicas by rate (split.resplit, one cache of replica passes
     for all), those that change."""
     out, cache = [], {}
+    split = by_plan(lambda cand: resplit(ctx, cand, cluster, alone_s, cache=cache))
     for label, cand in cands:
-        new = resplit(ctx, cand, cluster, alone_s, cache=cache)
-        if new is not cand:
+        new = split(cand)
+        if new != cand:
             out.append((f"{label}+resplit", new))
     return out
 
@@ -232,11 +250,18 @@ class ResiHP(Policy):
         caps the passes (0: trust the proxy alone); while a link is slow every candidate is
         costed (the proxy is blind to links), except on large jobs."""
         ranked = []
-        for label, cand in cands:
+
+        def bound(cand):  # (proxy score, reconfig), None when it does not fit
             if not fits_memory(ctx, cand):
-                continue
+                return None
             rc = reconfig_cost(ctx, plan, cand, cluster, self.planning_s)
-            ranked.append((self._score(proxy_time(ctx, cand, cluster), rc.pause_s), label, cand, rc))
+            return self._score(proxy_time(ctx, cand, cluster), rc.pause_s), rc
+
+        bound = by_plan(bound)
+        for label, cand in cands:
+            got = bound(cand)
+            if got is not None:
+                ranked.append((got[0], label, cand, got[1]))
         ranked.sort(key=lambda r: r[0], reverse=True)
         top = len(ranked) if cluster.links and not self._large(ctx) else self.dag_top
         return ranked, top
@@ -258,11 +283,12 @@ class ResiHP(Policy):
         if not ranked:
             raise ValueError("no feasible plan for the live devices")
         best = None
+        priced = by_plan(lambda cand, rc: self._priced(ctx, cand, rc, cluster))  # equal plan: equal rc
         for k, (bound, label, cand, rc) in enumerate(ranked):
             pruned = best is not None and (k >= max(top, 1) or bound <= best[0])
             if pruned and label != "paper":  # the paper's plan is always costed: never worse
                 continue
-            score, it = self._priced(ctx, cand, rc, cluster)
+            score, it = priced(cand, rc)
             if best is None or score > best[0]:
                 best = (score, label, cand, it, rc)
         return best[1], best[2], best[3], best[4]
@@ -277,12 +303,13 @@ class ResiHP(Policy):
         while it reaches `new`'s score (keeping `plan` and the paper's plan always); the first
         that reaches `new`'s score ends the check."""
         rc_new = reconfig_cost(ctx, plan, new, cluster, self.planning_s)
-        mine, _ = self._priced(ctx, new, rc_new, cluster)
+        priced = by_plan(lambda cand, rc: self._priced(ctx, cand, rc, cluster))  # equal plan: equal rc
+        mine, _ = priced(new, rc_new)
         ranked, top = self._ranked(ctx, plan, [("keep", plan), *others], cluster)
         for k, (bound, label, cand, rc) in enumerate(ranked):
             if label not in ("keep", "paper") and (k >= top or bound < mine):
                 continue
-            if self._priced(ctx, cand, rc, cluster)[0] >= mine:
+            if priced(cand, rc)[0] >= mine:
                 return False
         return True
 

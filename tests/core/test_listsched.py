@@ -1,0 +1,42 @@
+"""The list scheduler's executor table and the per-Plan gradient-segment memo (issue 12's replan
+latency work): both must answer exactly what the plan says, also for derived plans."""
+
+from __future__ import annotations
+
+from resihp.core import Plan, model_preset
+from resihp.core.listsched import _executors
+from resihp.core.program import _work
+from resihp.core.segments import _grad_segments, grad_segments
+
+TINY = model_preset("tiny")
+
+
+def _migrated() -> Plan:
+    plan = Plan.uniform(TINY, 1, 4, 3, 3)
+    # replica 1's micro-batch 2 runs stage 0 on replica 0, its micro-batch 0 stage 3 on replica 2
+    return plan.with_changes(assignment=((1, 2, 0, 0), (1, 0, 3, 2)))
+
+
+def test_executor_table_names_the_group_of_every_chunk_stage_and_pads_with_minus_one():
+    plan = _migrated()
+    work = _work(plan)
+    index = {g: k for k, g in enumerate(work)}
+    at = _executors(plan, index)
+    dp, w1 = plan.dp, max(len(s) for s in plan.replicas) + 1
+    for src, stages in enumerate(plan.replicas):
+        for j in range(plan.microbatches[src]):
+            c = j * dp + src
+            for i in range(len(stages)):
+                assert at[c * w1 + i] == index[(plan.executor(src, j, i), i)]
+            assert at[c * w1 + len(stages)] == -1  # past the last stage
+            assert at[c * w1 - 1] == -1  # stage -1: the previous slot's padding (or the last one)
+    assert at[w1 * (2 * dp + 1) + 0] == index[(0, 0)]  # the moved chunk (1, 2) at stage 0
+    assert at[w1 * (0 * dp + 1) + 3] == index[(2, 3)]  # the moved chunk (1, 0) at stage 3
+
+
+def test_grad_segments_memo_is_per_plan_object():
+    plan = _migrated()
+    first = grad_segments(plan)
+    assert grad_segments(plan) is first and first == _grad_segments(plan)
+    other = plan.with_changes(replicas=plan.replicas[:2], microbatches=plan.microbatches[:2], assignment=())
+    assert grad_segments(other) == _grad_segments(other) != first  # a derived plan: computed anew
