@@ -363,6 +363,8 @@ def _iterate(
             worker.opt.zero_grad(set_to_none=True)
             results.send(Abort(device, g, it, failed))
             return "abort"
+        if keeper is not None:  # what waiting for the snapshot cost this iteration's main thread
+            record["snapshot_wait_s"] = keeper.take_wait()
         results.send(Record(device, record))
         it += 1
         every = worker.job.checkpoint_every

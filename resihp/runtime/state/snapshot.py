@@ -116,6 +116,7 @@ class Keeper:
         self.kept: dict[int, Holding] = {}
         self.thread: threading.Thread | None = None
         self.busy_s = 0.0  # the side thread's seconds, summed (copy + exchange)
+        self.waited_s = 0.0  # the main thread's seconds waiting for it since the last `take_wait`
 
     def refresh(self, holding: Holding, at: int) -> None:
         """Exchange `holding` (the committed state before iteration `at`; its tensors may be the
@@ -138,6 +139,13 @@ class Keeper:
     def settle(self) -> dict[int, Holding]:
         """Wait for the side thread; the snapshots kept (before the generation's groups go)."""
         if self.thread is not None:
+            t0 = time.perf_counter()
             self.thread.join()
             self.thread = None
+            self.waited_s += time.perf_counter() - t0
         return self.kept
+
+    def take_wait(self) -> float:
+        """The main thread's seconds waiting for the side thread since the last call."""
+        waited, self.waited_s = self.waited_s, 0.0
+        return waited
