@@ -29,6 +29,7 @@ which exist. Refreshing every k > 1 commits would need a rollback by up to k ite
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
@@ -60,21 +61,16 @@ def holders(plan: Plan) -> dict[int, int]:
     return out
 
 
-def _layout(plan: Plan, device: int) -> list[tuple[str, torch.Size]]:
-    """(name, shard shape) of `device`'s stage tensors, in canonical order."""
+@functools.lru_cache(maxsize=64)
+def _layout(plan: Plan, device: int) -> tuple[tuple[str, torch.Size], ...]:
+    """(name, shard shape) of `device`'s stage tensors, in canonical order (cached: the side thread
+    asks for it at every exchange, and slicing the meta tensors holds the GIL for milliseconds)."""
     r, i = plan.stage_of(device)
     st = plan.replicas[r][i]
     t = st.devices.index(device)
     spec = plan.model
-    return [
-        (
-            n,
-            slice_tensor(
-                spec, n, torch.empty(full_shape(spec, n), device="meta"), st.tp_split, st.ffn_split, t
-            ).shape,
-        )
-        for n in stage_param_names(spec, st.layers)
-    ]
+    meta = {n: torch.empty(full_shape(spec, n), device="meta") for n in stage_param_names(spec, st.layers)}
+    return tuple((n, slice_tensor(spec, n, m, st.tp_split, st.ffn_split, t).shape) for n, m in meta.items())
 
 
 def _unpack(plan: Plan, device: int, buf: torch.Tensor, kinds: int, at: int) -> Holding:
