@@ -96,7 +96,9 @@ def describe(ev: dict, plans: dict[int, dict] | None = None) -> str:
         n, k = len(ev.get("devices", [])), ev.get("to_iter")
         return f"no live copy left: restarting from {ev.get('checkpoint')} (iteration {k}) on {n} devices"
     if kind == "snapshot-restore":
-        return f"state of lost devices {ev.get('lost')} restored from snapshots on {where}"
+        k, back = ev.get("to_iter"), ev.get("to_iter", ev["iter"]) < ev["iter"]
+        again = f" (rolled back: iteration {k} runs again)" if back else ""
+        return f"state of lost devices {ev.get('lost')} restored from snapshots on {where}{again}"
     if kind == "job-failed":
         return f"the job stopped: {(str(ev.get('error', '')).splitlines() or ['?'])[0]}"
     if kind == "interrupted":

@@ -143,7 +143,7 @@ def run_training(
 
     def on_commit(it: int, current: Plan, reached: list[Reached]) -> None:
         row = iteration_row(current, workload.seq_len, it, reached)
-        while rows and rows[-1]["iter"] >= it:  # a restart from a checkpoint (adapt/restart.py) re-ran it
+        while rows and rows[-1]["iter"] >= it:  # a rewind (restart, rollback: adapt/restart.py) re-ran it
             rows.pop()
         rows.append(row)
         bar.update(row, row["samples"] / max(row["time_s"], 1e-9))

@@ -15,6 +15,7 @@ from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan, Stage
 from resihp.runtime import Interrupted, JobSpec, WorkerFailed
 from resihp.runtime.adapt.recovery import advice, lost_layers
+from resihp.runtime.adapt.rollback import Snapped
 from resihp.runtime.control.events import EventLog
 from resihp.runtime.control.failover import Failover, at_rest
 from resihp.runtime.control.liveness import JoinBarrier
@@ -61,7 +62,7 @@ def test_failover_aborts_at_once_waits_for_the_survivors_and_measures_the_recove
     barrier.open(0, [0, 1, 2, 3])
     barrier.decide(0, Gate.GO)
     barrier.open(1, [0, 1, 2, 3])  # a planned replan, not yet at its rendezvous
-    fails = Failover(board, barrier)
+    fails = Failover(board, barrier, Snapped({}))
     plans = [Plan.uniform(SPEC, 1, 2, 2, 2)] * 2
     assert fails.lose(1, 5, [3]) and not fails.lose(1, 5, [2])
     assert board.gates == {1: Gate.ABORT} and board.decisions == {(1, 5): Verdict.ABORT}
@@ -85,7 +86,7 @@ def test_failover_aborts_at_once_waits_for_the_survivors_and_measures_the_recove
 
 
 def test_an_abort_with_no_death_is_unexplained_after_the_grace():
-    fails = Failover(Board(), JoinBarrier())
+    fails = Failover(Board(), JoinBarrier(), Snapped({}))
     fails.abort(0, 4, "RuntimeError: timeout", current=0)
     assert fails.unexplained(60.0) == {}
     assert fails.unexplained(0.0) == {

@@ -71,8 +71,12 @@ def test_dp1_loses_its_last_stage_and_continues_from_snapshots(tmp_path):
 @pytest.mark.slow
 def test_losing_every_replica_of_a_stage_restores_it_from_snapshots(tmp_path):
     """tp2 x pp2 x dp2 with snapshots; both copies of the last stage (devices 2, 3, 6, 7) stop at
-    iteration 2: the state of layers 2..3 comes from the snapshots on devices 0, 1 and the run
-    goes on, on the 4 survivors, with the reference's losses."""
+    the start of iteration 2, inside the overlap window: the snapshots of the state before 2 are
+    in flight, and their holders 0, 1, 4, 5 can never reach 2's STEP (the pipeline needs the lost
+    stage), so no holder certified them. The recovery rolls back one iteration: the state of
+    layers 2..3 before iteration 1 comes from the complete snapshots on devices 0, 1 (the
+    survivors restore their own copies of 1), iteration 1 runs again on the 4 survivors, and the
+    history has no gap and no repeat, with the reference's losses."""
     faults = tmp_path / "faults.toml"
     faults.write_text(
         "".join(f"[[faults]]\nkind = 'stop'\ndevice = {d}\nat_iter = 2\n" for d in (2, 3, 6, 7))
@@ -86,7 +90,12 @@ def test_losing_every_replica_of_a_stage_restores_it_from_snapshots(tmp_path):
     stops = sorted(d for e in res["events"] if e["kind"] == "fail-stop" for d in e["devices"])
     assert stops == [2, 3, 6, 7]
     restore = [e for e in res["events"] if e["kind"] == "snapshot-restore"]
-    assert [(e["iter"], e["lost"]) for e in restore] == [(2, [2, 3, 6, 7])]
+    assert [(e["iter"], e["lost"], e["to_iter"]) for e in restore] == [(2, [2, 3, 6, 7], 1)]
+    replan = [e for e in res["events"] if e["kind"] == "replan"]
+    assert [e["iter"] for e in replan] == [1]  # generation 1 starts at the rolled-back iteration
+    seen = [(r["iter"], r["device"]) for r in res["trace"]]
+    assert len(seen) == len(set(seen)) and sorted({i for i, _ in seen}) == [0, 1, 2, 3]
+    assert {r["generation"] for r in res["trace"] if r["iter"] >= 1} == {1}  # the first run of 1: dropped
     assert set(res["plans"][-1]["replicas"][0][1]["devices"]) <= {0, 1, 4, 5}
     for d, state in res["state"].items():
         for name, value in state.items():

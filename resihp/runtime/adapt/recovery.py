@@ -23,6 +23,7 @@ from ..job import JobSpec, WorkerFailed
 from ..state.snapshot import holders
 from .reconfig import replan_after_stop
 from .restart import Restart, plan_restart
+from .rollback import Snapped, restore_point
 
 SNAPSHOT_ADVICE = "run.snapshots = true keeps an in-memory copy of every stage on a peer; "
 
@@ -38,10 +39,13 @@ def plan_after_stop(
     policy: Policy | None,
     emit,
     pids: list[int],
-) -> tuple[Plan, str, tuple | Restart | None]:
+    snapped: Snapped,
+) -> tuple[Plan, str, tuple | Restart | None, int]:
     """The next generation's plan over the survivors `members` after `dead` stopped at iteration
-    `it`, the policy's reason, and its `source`: (generation, plan) whose held state the members
-    transfer from, None to start from the seed / checkpoint.
+    `it`, the policy's reason, its `source`: (generation, plan) whose held state the members
+    transfer from, None to start from the seed / checkpoint, and the iteration it starts at: `it`,
+    or earlier when the state comes from a checkpoint or a rollback (`rollback.restore_point`:
+    the snapshots of `it` may be incomplete; `snapped` says which are complete).
 
     `ctx` is what the `policy` plans for (`reconfig.planning_context`), `plans` every generation's,
     `joined` generation -> members that completed its join. Every tensor must be covered by the
@@ -54,13 +58,12 @@ def plan_after_stop(
     """
     # the state survivors hold: of cur, or of an earlier generation when cur's rebuild failed
     src = source_generation([p.devices() for p in plans], joined, members)
-    base = plans[0] if src is None else plans[src]
-    if src is not None and cover_gaps(base, members):  # (None: start from the seed / checkpoint)
-        lost = sorted(d for d in base.devices() if d not in members)
+    base, start = plans[0] if src is None else plans[src], it
+    if src is not None:  # (None: start from the seed / checkpoint)
         hold = holders(base) if job.snapshots else {}
-        copies = {d: hold[d] for d in lost if hold.get(d) in members}
-        gaps = cover_gaps(base, members, copies)
-        if gaps:  # no complete cover, even with the snapshots: the newest checkpoint, if any
+        got = joined.get(src, set())
+        start, copies, gaps = restore_point(base, members, hold, snapped, src, it, got, job.snapshots)
+        if start is None:  # no complete cover, even with the snapshots: the newest checkpoint, if any
             keep = "" if job.snapshots else SNAPSHOT_ADVICE
             failed = WorkerFailed(
                 f"devices {dead} stopped at iteration {it} and took out every copy of "
@@ -69,13 +72,17 @@ def plan_after_stop(
                 dead,
                 pids,
             )
-            return plan_restart(ctx, base, members, it, job, policy, emit, failed)
-        emit({"iter": it, "kind": "snapshot-restore", "devices": sorted(set(copies.values())), "lost": lost})
+            new, reason, point = plan_restart(ctx, base, members, it, job, policy, emit, failed)
+            return new, reason, point, point.iteration
+        if copies:
+            lost = sorted(d for d in base.devices() if d not in members)
+            devices = sorted(set(copies.values()))
+            emit({"iter": it, "kind": "snapshot-restore", "devices": devices, "lost": lost, "to_iter": start})
     try:
         new, reason = replan_after_stop(ctx, base, members, policy, absorb=job.snapshots)
     except ValueError as e:  # no plan over the survivors (`shrink_plan`: every replica lost a stage)
         raise WorkerFailed(f"devices {dead} stopped at iteration {it}: {e}", dead, pids) from None
-    return new, reason, None if src is None else (src, base)
+    return new, reason, None if src is None else (src, base), start
 
 
 def source_generation(

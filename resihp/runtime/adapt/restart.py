@@ -8,7 +8,8 @@ from — the scheduler plans over the survivors as usual (`reconfig.replan_after
 may be absorbed by neighbours, since no state has to be found in place) and the controller
 publishes that plan as the next generation with `Generation.restore` = the checkpoint: every member
 loads its new stage from it (DCP reshards to the new plan) and the job re-runs the iterations from
-the checkpoint's on (`rewind`). The re-run iterations are the same pure function of the committed
+the checkpoint's on (`rewind`, the one rewind point, shared with the rollback by one iteration of
+`rollback.py`). The re-run iterations are the same pure function of the committed
 state and the data as the first time, so the loss trajectory still equals the fault-free run's.
 Only when there is no usable checkpoint does the job end (`WorkerFailed`, one line).
 """
@@ -75,10 +76,11 @@ def plan_restart(
     return new, f"restart from the checkpoint at iteration {point.iteration}: {reason}", point
 
 
-def rewind(ctrl, point: Restart) -> str:
-    """Set the controller back to the checkpoint's iteration: the iterations from it on run again
-    (their records and `Reached` messages so far are dropped). Returns the checkpoint path, the
-    next generation's `restore`."""
-    ctrl.records.rewind(point.iteration)
-    ctrl.reached, ctrl.it = {}, point.iteration
-    return point.path
+def rewind(ctrl, iteration: int) -> None:
+    """The one rewind point: set the controller back to `iteration`, where the next generation
+    starts (a checkpoint's, or a rollback's: `rollback.py`); the iterations from it on run again
+    (their records, streamed ones included, and `Reached` messages so far are dropped; the data
+    position and RNG are functions of the iteration, the members' optimizer step count of the
+    generation's start)."""
+    ctrl.records.rewind(iteration)
+    ctrl.reached, ctrl.it = {}, iteration

@@ -39,6 +39,7 @@ from resihp.sched.ours import ResiHP
 from ..adapt.reconfig import grow_plan, planning_context, replan_after_slow
 from ..adapt.recovery import advice, mark_noticed, plan_after_stop
 from ..adapt.restart import Restart, rewind
+from ..adapt.rollback import Snapped
 from ..adapt.slowwatch import slow_event, watch_job
 from ..faults import FaultEnd, TimedFaults, end_event
 from ..job import Interrupted, JobSpec, WorkerFailed
@@ -166,9 +167,9 @@ class Controller:
         )  # fmt: skip
         self.barrier = JoinBarrier()
         self.barrier.open(0, self.members)
-        self.fails = Failover(self.board, self.barrier)  # the failure not replanned yet, recoveries
         self.joined_devs: dict[int, set[int]] = {}  # generation -> members that completed its join
         self.bodies: dict[int, Generation] = {0: body0}
+        self.fails = Failover(self.board, self.barrier, Snapped(self.bodies))  # (failover.Failover)
         self.records = RecordStore(trace)  # last: it opens the trace file (closed by `run`)
 
     def run(self) -> dict:
@@ -272,12 +273,13 @@ class Controller:
         """The failure is quiescent: publish generation g+1 over the survivors (`recovery.plan_after_stop`;
         from a checkpoint, `restart.py`); the recovery measurement starts (or goes on)."""
         t0 = time.perf_counter()
-        new, reason, source = plan_after_stop(
+        new, reason, source, start = plan_after_stop(
             self.context(), self.plans, self.joined_devs, self.members, self.fails.open.dead, self.it,
-            self.job, self.policy, self.log.emit, self.procs.agents.pids,
+            self.job, self.policy, self.log.emit, self.procs.agents.pids, self.fails.snapped,
         )  # fmt: skip
         plan_s = time.perf_counter() - t0
-        restore = rewind(self, source) if isinstance(source, Restart) else None  # (no live copy left)
+        rewind(self, start)  # (earlier: a checkpoint's, or a rollback to the last complete snapshots)
+        restore = source.path if isinstance(source, Restart) else None  # (no live copy left)
         self.publish(new, self.it, reason, None if restore else source, restore)
         self.fails.replanned(self.procs.stopping, plan_s, self.gen)
 
@@ -356,6 +358,7 @@ class Controller:
             self.log.emit(transfer_event(self.it, g, got))
 
     def on_reached(self, msg: Reached) -> None:
+        self.fails.snapped.reach(msg.generation, msg.device, msg.iter)  # (its `iter` snapshots: complete)
         if msg.generation == self.gen and self.fails.open is None:  # (a failure: `it` is aborted already)
             self.reached[msg.device] = msg
             if set(self.reached) == set(self.cur.devices()):

@@ -62,10 +62,11 @@ class Failover:
     first stop of a failure (or of the one before, not recovered yet when this one came) until the
     re-run iteration commits; `noticed`: generation -> device -> the error of its `Abort`;
     `aborts`, `abort_since`: failed collectives reported in the current generation while no
-    failure is open, and since when. `board`, `barrier`: the controller's."""
+    failure is open, and since when. `board`, `barrier`: the controller's; `snapped`: which
+    snapshots are complete (`adapt/rollback.Snapped`; a failure ends a generation there)."""
 
-    def __init__(self, board, barrier) -> None:
-        self.board, self.barrier = board, barrier
+    def __init__(self, board, barrier, snapped) -> None:
+        self.board, self.barrier, self.snapped = board, barrier, snapped
         self.open: Failure | None = None
         self.measured: dict | None = None
         self.noticed: dict[int, dict[int, str]] = {}
@@ -83,6 +84,7 @@ class Failover:
             for g in self.barrier.supersede(generation + 1):  # generations still before their rendezvous
                 self.board.gate(g, Gate.ABORT)
             self.board.decide(generation, it, Decision(Verdict.ABORT))
+            self.snapped.leave(generation, it)
         self.open.dead += dead
         return opens
 

@@ -179,8 +179,10 @@ def _run(
         guard = AbortWatch(port, lambda: bounded(abort_communicators, ABORT_TIMEOUT_S, on_hang))
     dev = member_device(job, device)
     end = job.start_iteration + job.iterations
-    # generation -> (Holding or None, snapshots): the committed state this member left it with
-    held: dict[int, tuple] = {}
+    # generation -> {iteration: (Holding, snapshots)}: the committed states before those iterations
+    # this member left it with (its worker's at the iteration it left at; with snapshots also the
+    # older complete tag, for a rollback by one iteration: `adapt/rollback.py`)
+    held: dict[int, dict[int, tuple]] = {}
     teardown_s = 0.0  # leaving the previous generation: holding copy, group destruction
     faults = list(gen.faults)  # every fault resolved so far (iteration-keyed), updated in place
     saver = Saver()  # checkpoint writes in the background, across generations
@@ -195,7 +197,7 @@ def _run(
             gen = board.generation(g + 1)
             continue
         ranks = {d: r for r, d in enumerate(sorted(gen.members))}
-        worker = groups = init = keeper = None  # keeper (snapshot.py): the shards kept for buddies
+        worker = groups = init = keeper = commits = None  # keeper (snapshot.py): the shards kept for buddies
         failed = None
         t0 = time.perf_counter()
         if nccl:  # a death during the join: the controller aborts `decision/{g}/{it}` (NCCL won't raise)
@@ -222,7 +224,7 @@ def _run(
             steps = it if job.resume else it - job.start_iteration  # committed optimizer steps
             received, planned = 0, None
             if source is not None:
-                holding, old_snaps = held.get(source[0], (None, {}))
+                holding, old_snaps = held.get(source[0], {}).get(it, (None, {}))
                 node = (lambda d: d // job.devices_per_node) if job.devices_per_node else None
                 init, received, moved = transfer(
                     source[1], holding, plan, device, ranks, steps, old_snaps, dev, node, it
@@ -235,8 +237,11 @@ def _run(
             worker = None
             if plan.stage_of(device) is not None:
                 worker = Worker(plan, device, groups, job, init, commits.hooks())
-            if worker is not None and keeper is not None:
+            if worker is not None and keeper is not None:  # the start's snapshots before any iteration
                 keeper.refresh(holding_of(worker, copy=False), it)
+                if not keeper.settle():
+                    raise RuntimeError("the snapshot exchange failed: a peer died")
+                commits.keeper = keeper
             long = timedelta(seconds=NCCL_TIMEOUT_S if nccl else PG_TIMEOUT_S)  # heartbeats decide first
             dist.distributed_c10d._set_pg_timeout(long)
             groups.set_timeout(long)
@@ -245,7 +250,7 @@ def _run(
         if failed is not None:  # outside the except block: its traceback holds the groups too
             if keeper is not None:
                 keeper.settle()
-            worker = groups = init = keeper = None
+            worker = groups = init = keeper = commits = None
             if nccl:
                 guard.at(None)
             _saved(saver, results, device)
@@ -258,18 +263,22 @@ def _run(
             Joined(device, g, teardown_s, t1 - t0, t2 - t1, time.perf_counter() - t2, received, planned)
         )
         at = guard.at if nccl else None
-        leave = "standby" if worker is None else _iterate(worker, commits, it, end, keeper, at, saver)
+        run = worker is not None
+        leave, left = _iterate(worker, commits, it, end, keeper, at, saver) if run else ("standby", it)
         if nccl:
             guard.at(None)
         t_left = time.perf_counter()
-        snaps = {} if keeper is None else keeper.settle()
+        if keeper is not None:
+            keeper.settle()
         if leave != "end":  # a standby member holds nothing but still takes part in the next transfer
-            held[g] = (None if worker is None else holding_of(worker, copy=False), snaps)
+            held[g] = {} if keeper is None else dict(keeper.kept)
+            if worker is not None:  # its state at `left`, and the snapshots of that tag it keeps
+                held[g][left] = (holding_of(worker, copy=False), held[g].get(left, (None, {}))[1])
         elif job.return_state:
             results.send(State(device, worker.state_numpy()))
         # Drop every reference to this generation's groups before destroying them: the sockets
         # close, and peers still blocked on this member fail at once (the abort cascade).
-        worker = groups = keeper = None
+        worker = groups = keeper = commits = None
         _saved(saver, results, device)
         _teardown(nccl, leave == "abort", abort, on_hang)
         teardown_s = time.perf_counter() - t_left
@@ -311,11 +320,14 @@ class Commits:
             g, device, faults, board, results, heart,
         )  # fmt: skip
         self.verdict: Verdict | None = None
+        self.keeper: Keeper | None = None  # with snapshots: settled before `Reached` (its certificate)
 
     def hooks(self) -> Hooks:
         return Hooks(self.before_step, self.on_allreduce, self.slow, self.link)
 
     def before_step(self, k: int, losses: list, wall_s: float) -> None:
+        if self.keeper is not None and not self.keeper.settle():  # (`Reached` says: tag k is complete)
+            raise RuntimeError(f"the snapshot exchange before iteration {k} failed: a peer died")
         self.results.send(Reached(self.device, self.g, k, tuple(losses), wall_s))
         decided = self.board.decision(self.g, k)
         if decided.verdict is Verdict.ABORT:
@@ -339,17 +351,16 @@ class Commits:
 def _iterate(
     worker: Worker, commits: Commits, it: int, end: int, keeper: Keeper | None, at=None,
     saver: Saver | None = None,
-) -> str:  # fmt: skip
-    """Run and commit iterations from `it`; returns why the generation ends: next | abort | end.
-    With `job.snapshots`, `keeper` refreshes the snapshots after every committed step, on its side
-    thread (`snapshot.Keeper`), and is settled before the next iteration runs; with
+) -> tuple[str, int]:  # fmt: skip
+    """Run and commit iterations from `it`; returns why the generation ends (next | abort | end)
+    and the iteration it ends at (the one aborted, or the next to run). With `job.snapshots`,
+    `keeper` refreshes the snapshots after every committed step, on its side thread
+    (`snapshot.Keeper`), while the next iteration computes; its STEP waits for it; with
     `job.checkpoint_every`, `saver` writes checkpoints in the background and `Saved` is sent for
     each once its files are on disk. `at(g, it)`: told the iteration that starts (the NCCL
     member's `AbortWatch`)."""
     device, g, results, heart = worker.device, commits.g, commits.results, commits.heart
     while it < end:
-        if keeper is not None:  # the last commit's snapshots are with their holders before it runs on
-            keeper.settle()
         if at is not None:
             at(g, it)
         stop = faults_at(commits.faults, device, it)[0]
@@ -363,7 +374,9 @@ def _iterate(
         if failed is not None:
             worker.opt.zero_grad(set_to_none=True)
             results.send(Abort(device, g, it, failed))
-            return "abort"
+            return "abort", it
+        if keeper is not None:  # what waiting for the snapshot cost this iteration's main thread
+            record["snapshot_wait_s"] = keeper.take_wait()
         results.send(Record(device, record))
         it += 1
         every = worker.job.checkpoint_every
@@ -374,5 +387,5 @@ def _iterate(
         if keeper is not None:
             keeper.refresh(holding_of(worker, copy=False), it)
         if commits.verdict is Verdict.NEXT:
-            return "next"
-    return "end"
+            return "next", it
+    return "end", it
