@@ -141,7 +141,9 @@ class ResiHP(Policy):
         standby = standby_of(pool)
         v = {g: c[1] for g, c in chosen.items()}
         hollow = any(s <= 0 for s in v.values())
-        caps = {g: max_layers(ctx, c[0], g[1], pp, m, dp) for g, c in chosen.items()}
+        # a stage's layers are held (and their optimizer state sharded) by the replicas still running it
+        holders = [sum(v[(d, i)] > 0 for d in range(dp)) for i in range(pp)]
+        caps = {g: max_layers(ctx, c[0], g[1], pp, m, max(1, holders[g[1]])) for g, c in chosen.items()}
         caps.update({(c[0].devices, g[1]): caps[g] for g, c in chosen.items()})  # by group, for `packed`
         if not hollow:
             current = layer_counts(plan)

@@ -94,3 +94,22 @@ def test_the_memory_checked_candidates_of_resihp_fit(state):
     for label, plan in cands:
         if label in ("paper", "balance", "packed") or label.endswith("+resplit"):
             assert fits_memory(ctx, plan), label
+
+
+def test_layer_caps_count_only_the_replicas_still_holding_the_stage():
+    """llama2-13b at tp 2 / pp 2 / dp 4, one micro-batch per replica: replica 0 and one TP member of
+    replica 2's first stage are lost. The optimizer state of a stage shards over the replicas still
+    running it (3, not 4), so device 9 alone holds at most 18 layers, not 19: every memory-checked
+    candidate fits (a Hypothesis example of the test above)."""
+    job = Job(model_preset("llama2-13b"), Cluster(2, 8, "a100-80g"), Workload(4096, 1), 2, 2, 4)
+    ctx = PlanningContext.of_job(job)
+    cluster = ctx.cluster
+    for d in (0, 1, 2, 3, 8):
+        cluster = cluster.with_alive(d, False)
+    cands = dict(ResiHP().candidates(ctx, ctx.home, cluster))
+    assert "balance" in cands
+    lone = cands["balance"].replicas[2][0]
+    assert lone.devices == (9,) and lone.num_layers <= 18
+    for label, plan in cands.items():
+        if label in ("paper", "balance", "packed") or label.endswith("+resplit"):
+            assert fits_memory(ctx, plan), label
