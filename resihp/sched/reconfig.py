@@ -7,7 +7,7 @@ The bytes are the state-transfer planner's (`core.transfer_plan`, which the runt
 plan --json` use): the rows of every tensor each device of the new plan lacks, with both fp32
 AdamW moments, from the closest live copy of the old plan (its own, then its node, then another
 node), or from SNAPSHOT = -1, the persisted state of the last completed iteration, when no live
-device holds them (`transfer_plan.inflow`: per receiver, by where the bytes come from). Priced
+device holds them (`transfer_volume.inflow`: per receiver, by where the bytes come from). Priced
 per receiver: own-node bytes over the intra-node bandwidth, the rest over the inter-node one,
 NVLink and NIC in parallel; the transfer lasts as long as its busiest receiver. The planner
 spreads the parts over equally close senders, whose load is not priced. A layer is moved into a

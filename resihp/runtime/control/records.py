@@ -11,7 +11,8 @@ commit of that iteration). `RecordStore` is where they all go, and the only plac
 * a settled iteration's records go, in device order, to the trace file (`path`: JSON lines,
   docs/trace-format.md, `core.trace_format.record_to_json`), iterations in order: the file is the
   run's committed history;
-* `rewind(k)` (a restart from the checkpoint at iteration `k`, `adapt/restart.py`): the records
+* `rewind(k)` (a restart from the checkpoint at iteration `k`, or a rollback to the snapshots
+  before `k`: `adapt/restart.rewind`, the one rewind point): the records
   of iterations `k` and later leave the window and the file (truncated where `k` began), so the
   history the re-run appends has no gap and no repeat.
 
