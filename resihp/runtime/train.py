@@ -125,8 +125,8 @@ def run_training(
         from resihp.model.hf import check_weights
 
         check_weights(weights, plan.model)
-    if config.device == "cuda":  # the GPUs, before any process starts (needs torch: not in check_run)
-        from .exec.device import check_cuda
+    if config.device == "cuda" and listen is None:  # this host's GPUs, for every (embedded) agent:
+        from .exec.device import check_cuda  # needs torch (not in check_run); `resihp agent` checks its own
 
         check_cuda([*plan.devices(), *plan.standby], config.devices_per_node)
     for _, p in replans:
@@ -169,6 +169,7 @@ def run_training(
                     config.controller_wait_s,
                     config.controller_timeout_s,
                     config.devices_per_node,
+                    config.device,
                 ),  # fmt: skip
                 trace=None if trace is None else trace.path,
             )

@@ -74,3 +74,53 @@ def test_train_on_cuda_without_cuda_exits_2_in_one_line(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr
     assert len(lines) == 1 and "no CUDA device" in lines[0], proc.stderr
+
+
+def test_an_agent_checks_its_own_machine_for_the_nodes_gpus():
+    """A `resihp agent` of a controller run refuses a node it cannot serve, in one line: other
+    `--devices` than run.devices_per_node; on CUDA fewer GPUs than the node's devices (the
+    controller's host is not asked: its GPUs are not the nodes')."""
+    from resihp.runtime.control.serve import check_node
+
+    info = {"controller_timeout_s": 2.0, "devices_per_node": 4, "device": "cuda"}
+    assert check_node(info, 4, available=4) is None and check_node(info, None, available=8) is None
+    needs = "run.device = 'cuda': the job needs 4 GPUs on this host, it has 2"
+    assert check_node(info, 4, available=2) == needs
+    assert "no CUDA device" in check_node(info, None, available=0)
+    assert check_node(info, 2, available=8) == "--devices = 2, but the run has run.devices_per_node = 4"
+    assert check_node({**info, "device": "cpu"}, None, available=0) is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
+def test_a_cuda_controller_run_is_refused_by_the_agent_on_a_machine_without_gpus(tmp_path):
+    """`resihp controller` of a CUDA run on this GPU-less host starts (the nodes' GPUs are the
+    agents' to check); its agent here exits 2 with one line naming the node and why."""
+    import socket
+
+    cfg = tmp_path / "cuda-nodes.toml"
+    cfg.write_text(
+        "[parallel]\ntp = 1\npp = 1\ndp = 2\n[run]\n"
+        'device = "cuda"\nworkers = 2\niterations = 2\nnodes = 1\ndevices_per_node = 2\n'
+        "controller_wait_s = 60\n"
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cli = [sys.executable, "-m", "resihp.cli.main"]
+    controller = subprocess.Popen(
+        [*cli, "controller", "--config", str(cfg), "--listen", f"127.0.0.1:{port}", "--quiet"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        agent = subprocess.run(
+            [*cli, "agent", "--controller", f"127.0.0.1:{port}", "--node-rank", "0", "--wait-s", "60"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert controller.poll() is None, controller.stderr.read()  # still waiting for its agent
+    finally:
+        controller.kill()
+        controller.wait()
+    lines = agent.stderr.strip().splitlines()
+    assert agent.returncode == 2, agent.stderr
+    assert len(lines) == 1 and lines[0].startswith("resihp agent: node 0: run.device = 'cuda'"), agent.stderr
+    assert "no CUDA device" in lines[0]

@@ -10,8 +10,9 @@ Two ways to run, one code path (the store is the only wire either way, `transpor
   (`remote.RemoteAgents`), waiting up to `wait_s` for them.
 
 The controller publishes what an agent needs to know under `RUN_KEY` (`run_info`): its
-`controller_timeout_s` (after which an agent that cannot reach the store fences itself) and the
-devices per node (an agent started with another `--devices` refuses to serve).
+`controller_timeout_s` (after which an agent that cannot reach the store fences itself), the
+devices per node (an agent started with another `--devices` refuses to serve) and `run.device`
+(on "cuda" an agent whose node has fewer GPUs than devices refuses to serve: `serve.check_node`).
 
 Torch-free at import (the store is made on `store()`).
 """
@@ -36,13 +37,14 @@ class Hosting:
     """`listen`: (host, port) of the controller's store, `host` as every agent and member reaches it
     (port 0: a free one); `nodes`: None for the embedded agents, else how many agents register
     (node ranks 0..nodes-1); `wait_s`: how long the controller waits for them;
-    `controller_timeout_s`: the agents' fencing timeout."""
+    `controller_timeout_s`: the agents' fencing timeout; `device`: `run.device`."""
 
     listen: tuple[str, int] = ("127.0.0.1", 0)
     nodes: int | None = None
     wait_s: float = CONTROLLER_WAIT_S
     controller_timeout_s: float = CONTROLLER_TIMEOUT_S
     devices_per_node: int | None = None
+    device: str = "cpu"
 
     def store(self):
         """The controller's `TCPStore` (the master: it lives as long as this object is referenced),
@@ -52,7 +54,8 @@ class Hosting:
         host, port = self.listen
         store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False)
         store.set(RUN_KEY, pickle.dumps({"controller_timeout_s": self.controller_timeout_s,
-                                         "devices_per_node": self.devices_per_node}))  # fmt: skip
+                                         "devices_per_node": self.devices_per_node,
+                                         "device": self.device}))  # fmt: skip
         return store
 
 

@@ -2,7 +2,8 @@
 
 `serve` waits for the controller's store (up to `wait_s`: the controller may start later, or be
 restarting), reads what the controller published (`hosting.run_info`: its fencing timeout, the
-devices per node), checks the node's `--devices` against it, has the members bind their gloo
+devices per node, the device kind), checks that this node can serve the run (`check_node`: its
+`--devices` against the devices per node; on CUDA, this machine's GPUs), has the members bind their gloo
 groups to the `--advertise` address (`bind.py`; unless the user set `GLOO_SOCKET_IFNAME`: gloo
 then binds to that interface), then runs the agent
 (`agent.agent_main`, which registers by beating). The agent is never forked by the controller; a
@@ -81,10 +82,29 @@ def serve(host: str, port: int, node: int, devices: int | None, advertise: str |
                 return _fail(node, f"no controller at {host}:{port} within {wait_s:g} s (--wait-s)")
             time.sleep(0.2)
     info = run_info(data)
+    why = check_node(info, devices)
+    if why is not None:
+        return _fail(node, why)
+    return agent_main(node, transport, info["controller_timeout_s"], say=True)
+
+
+def check_node(info: dict, devices: int | None, available: int | None = None) -> str | None:
+    """Why this node cannot serve the run the controller published (`info`: `hosting.run_info`), or
+    None: `--devices` (`devices`) other than run.devices_per_node; on run.device = "cuda", fewer GPUs
+    on this machine than the node's devices (each member takes the GPU of its local rank:
+    `exec.device.check_cuda`, the one rule; torch imported only then). `available`: the GPU count
+    (default: torch's)."""
     per = info["devices_per_node"]
     if devices is not None and per is not None and devices != per:
-        return _fail(node, f"--devices = {devices}, but the run has run.devices_per_node = {per}")
-    return agent_main(node, transport, info["controller_timeout_s"], say=True)
+        return f"--devices = {devices}, but the run has run.devices_per_node = {per}"
+    if info.get("device", "cpu") == "cuda":
+        from ..exec.device import check_cuda
+
+        try:
+            check_cuda(list(range(per or devices or 1)), None, available)
+        except ValueError as e:
+            return str(e)
+    return None
 
 
 def _fail(node: int, why: str) -> int:

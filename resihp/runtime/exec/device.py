@@ -1,11 +1,11 @@
 """The member's device: which one, whether the machine has it, and the compute precision on it.
 
 `run.device = "cuda"` gives each member one GPU of its node: its local rank there,
-`device % run.devices_per_node` (every device on one node without it). Today every agent runs on
-the controller's host (`control/transport.py` is one host's queues), so all members share this
-host's GPUs: `check_cuda` refuses, before any process starts, a job that would put two members on
-one GPU (several nodes on one host, or more members than GPUs) or that asks for CUDA on a machine
-without it.
+`device % run.devices_per_node` (every device on one node without it). `check_cuda` refuses,
+before any process starts, a job that would put two members on one GPU or that asks for CUDA on a
+machine without it: `resihp train` checks this host for every node (its agents all run here, so
+several nodes would share its GPUs); each `resihp agent` of a `resihp controller` run checks its
+own machine at start-up (`control/serve.check_node`), the controller's host needing none.
 
 `run.precision = "bf16"` is mixed precision: parameters, gradients and AdamW state stay fp32 (the
 master weights); the forward runs under `torch.autocast(dtype=bfloat16)`, which casts weights and
@@ -42,9 +42,9 @@ def member_device(job: JobSpec, device: int) -> torch.device:
 
 
 def check_cuda(devices: list[int], devices_per_node: int | None, available: int | None = None) -> None:
-    """ValueError unless this host has a distinct GPU for every member: `devices` (every device the
-    job may run, standby included) on nodes of `devices_per_node`. `available`: the GPU count (default:
-    `torch.cuda.device_count()`, 0 without CUDA)."""
+    """ValueError unless this host has a distinct GPU for every member it runs: `devices` (every
+    device the job may run here, standby included) on nodes of `devices_per_node`, all on this host.
+    `available`: the GPU count (default: `torch.cuda.device_count()`, 0 without CUDA)."""
     if available is None:
         available = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if available == 0:
@@ -54,7 +54,7 @@ def check_cuda(devices: list[int], devices_per_node: int | None, available: int 
         raise ValueError(
             f"run.device = 'cuda' with run.devices_per_node = {devices_per_node}: the {len(nodes)} nodes' "
             "agents all run on this host and would put two members on one GPU; leave "
-            "run.devices_per_node out"
+            "run.devices_per_node out, or run each node's agent on its own machine (resihp controller)"
         )
     need = max(local_rank(d, devices_per_node) for d in devices) + 1
     if need > available:
