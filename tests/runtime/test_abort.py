@@ -62,11 +62,12 @@ def test_a_member_whose_abort_hangs_exits_with_its_code():
 
 
 def test_the_watch_aborts_once_when_the_controller_aborts_the_iteration():
-    """The watch ignores a committed iteration and fires once for an aborted one."""
+    """The watch, connecting to the controller's store wherever it listens (127.0.0.2 here, as on
+    another host), ignores a committed iteration and fires once for an aborted one."""
     timeout = timedelta(seconds=10)
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout)
+    store = dist.TCPStore("127.0.0.2", 0, is_master=True, wait_for_workers=False, timeout=timeout)
     board, fired = Board(store), []
-    watch = AbortWatch(store.port, lambda: fired.append(time.perf_counter()))
+    watch = AbortWatch(store, lambda: fired.append(time.perf_counter()))
     try:
         board.decide(0, 3, Decision(Verdict.COMMIT))
         watch.at(0, 3)

@@ -99,10 +99,11 @@ def bounded(fn: Callable[[], None], timeout_s: float, on_hang: Callable[[], None
 
 class AbortWatch:
     """Polls `decision/{g}/{k}` of the iteration in flight (`at`) on its own connection to the
-    controller's store and calls `abort()` once when the controller aborted it."""
+    controller's store (at the address of the member's `store`, on whichever host the controller
+    runs) and calls `abort()` once when the controller aborted it."""
 
-    def __init__(self, port: int, abort: Callable[[], None]) -> None:
-        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
+    def __init__(self, store, abort: Callable[[], None]) -> None:
+        store = dist.TCPStore(store.host, store.port, is_master=False, timeout=timedelta(seconds=30))
         self.board, self.abort = Board(store), abort
         self.where: tuple[int, int] | None = None
         self.fired = False

@@ -120,7 +120,7 @@ def member_main(blob: bytes, beats: Channel, results: Channel, agent: int) -> No
         torch.set_num_threads(1)
         timeout = timedelta(seconds=PG_TIMEOUT_S)
         store = dist.TCPStore(args.host, args.port, is_master=False, timeout=timeout)
-        _run(args.generation, args.job, args.device, store, results, heart, args.port)
+        _run(args.generation, args.job, args.device, store, results, heart)
 
     exit_after(args.device, results, body, heart.stop)
 
@@ -166,7 +166,7 @@ def _hung(device: int, results: Channel, heart: HeartbeatThread):
 
 
 def _run(
-    gen: Generation | None, job, device: int, store, results: Channel, heart: HeartbeatThread, port: int = 0,
+    gen: Generation | None, job, device: int, store, results: Channel, heart: HeartbeatThread,
     abort=abort_groups,
 ) -> None:  # fmt: skip
     """`abort`: how an NCCL member aborts its groups when it leaves a failed generation (injectable:
@@ -176,7 +176,7 @@ def _run(
     on_hang = _hung(device, results, heart)
     if nccl:
         nccl_env()
-        guard = AbortWatch(port, lambda: bounded(abort_communicators, ABORT_TIMEOUT_S, on_hang))
+        guard = AbortWatch(store, lambda: bounded(abort_communicators, ABORT_TIMEOUT_S, on_hang))
     dev = member_device(job, device)
     end = job.start_iteration + job.iterations
     # generation -> {iteration: (Holding, snapshots)}: the committed states before those iterations
