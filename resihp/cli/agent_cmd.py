@@ -21,20 +21,21 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--advertise", metavar="ADDR", help="this host's address for the workers' gloo sockets")
     p.add_argument(
-        "--wait-s", type=float, default=None, help="how long to wait for the controller (default 60)"
-    )
+        "--wait-s", type=float, default=None, metavar="S",
+        help="how long to wait for the controller: at the start (default 60), and for a new one "
+        "after losing it (default: the run's run.controller_wait_s)",
+    )  # fmt: skip
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
-    from resihp.runtime.control.serve import WAIT_S, parse_address, serve
+    from resihp.runtime.control.serve import parse_address, serve
 
     host, port = parse_address(args.controller, "--controller")
     if args.node_rank < 0:
         raise ValueError(f"--node-rank = {args.node_rank}: must be >= 0")
     if args.devices is not None and args.devices < 1:
         raise ValueError(f"--devices = {args.devices}: must be a positive integer")
-    wait_s = WAIT_S if args.wait_s is None else args.wait_s
-    if not wait_s >= 0:
+    if args.wait_s is not None and not args.wait_s >= 0:
         raise ValueError(f"--wait-s = {args.wait_s}: must be >= 0")
-    return serve(host, port, args.node_rank, args.devices, args.advertise, wait_s)
+    return serve(host, port, args.node_rank, args.devices, args.advertise, args.wait_s)

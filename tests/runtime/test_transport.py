@@ -77,26 +77,22 @@ def test_reach_is_lost_only_after_the_timeout_since_the_first_failure():
     assert reach.lost()
 
 
-STORE = (
-    "import sys, time, torch.distributed as d\n"
-    "s = d.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False)\n"
+STORE = (  # the controller's store, as `resihp controller` makes it (its run facts published)
+    "import time\n"
+    "from resihp.runtime.control.hosting import Hosting\n"
+    "s = Hosting(listen=('127.0.0.1', 0), controller_timeout_s=1.0).store()\n"
     "print(s.port, flush=True)\n"
     "time.sleep(600)\n"
-)
-AGENT = (
-    "import sys\n"
-    "from resihp.runtime.control.agent import agent_main\n"
-    "from resihp.runtime.control.transport import Transport\n"
-    "sys.exit(agent_main(1, Transport('127.0.0.1', int(sys.argv[1])), 1.0, say=True))\n"
 )
 
 
 @pytest.mark.slow
-def test_an_agent_cut_off_from_its_controller_kills_its_member_and_exits_with_one_line():
-    """A store (the controller's host) and an agent of node 1 as separate OS processes. The agent
-    spawns a member on the store's command, reports it and forwards its heartbeats; once the
-    store's process is SIGKILLed, the agent kills the member and exits `FENCED_EXIT` within
-    `controller_timeout_s` (1 s) + 2 s, saying one line; nothing is left running."""
+def test_an_agent_cut_off_from_its_controller_kills_its_member_and_gives_up_after_its_wait():
+    """A store (the controller's host) and `resihp agent --node-rank 1 --wait-s 1` as separate OS
+    processes. The agent spawns a member on the store's command, reports it and forwards its
+    heartbeats; once the store's process is SIGKILLed, the agent kills the member within
+    `controller_timeout_s` (1 s) + 2 s, saying so in one line, waits 1 s for a new controller
+    there, and exits `FENCED_EXIT` with one more line; nothing is left running."""
     env = {**os.environ, "PYTHONPATH": ROOT}
     host = subprocess.Popen([sys.executable, "-c", STORE], stdout=subprocess.PIPE, text=True, env=env)
     agent = None
@@ -104,8 +100,10 @@ def test_an_agent_cut_off_from_its_controller_kills_its_member_and_exits_with_on
         port = int(host.stdout.readline())
         transport = Transport("127.0.0.1", port)
         agent = subprocess.Popen(
-            [sys.executable, "-c", AGENT, str(port)], stderr=subprocess.PIPE, text=True, env=env
-        )
+            [sys.executable, "-m", "resihp.cli.main", "agent", "--controller", f"127.0.0.1:{port}",
+             "--node-rank", "1", "--wait-s", "1"],
+            stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
         config = TrainConfig(tp=1, pp=1, dp=1, workers=1, seq_len=32, iterations=2)
         plan = Plan.uniform(model_preset("tiny"), 1, 1, 1, 1)
         body = Generation(0, plan, (2,), 0, None, ())  # device 2: node 1's (never let through `go`)
@@ -121,20 +119,20 @@ def test_an_agent_cut_off_from_its_controller_kills_its_member_and_exits_with_on
         transport.close()
         host.send_signal(signal.SIGKILL)
         t0 = time.monotonic()
+        fenced = agent.stderr.readline()
+        while running(pid) and time.monotonic() - t0 < 10.0:
+            time.sleep(0.02)
+        took = time.monotonic() - t0
+        assert not running(pid) and took < 1.0 + 2.0, ("the member outlived its fenced agent", took)
+        where = f"controller at 127.0.0.1:{port}"
+        assert fenced == (
+            f"resihp agent: node 1: {where} unreachable for 1 s; killed 1 member(s), "
+            f"waiting up to 1 s for a new {where}\n"
+        )
         _, err = agent.communicate(timeout=30)
         took = time.monotonic() - t0
-        lines = err.strip().splitlines()
-        assert agent.returncode == FENCED_EXIT and took < 1.0 + 2.0, (agent.returncode, took, err)
-        assert (
-            len(lines) == 1
-            and lines[0].startswith("resihp agent: node 1: controller at")
-            and ("unreachable for 1 s; killed 1 member(s)" in lines[0])
-        ), err
-        for _ in range(20):
-            if not running(pid):
-                break
-            time.sleep(0.1)
-        assert not running(pid), "the member outlived its fenced agent"
+        assert agent.returncode == FENCED_EXIT and took < 1.0 + 2.0 + 1.0, (agent.returncode, took, err)
+        assert err == f"resihp agent: node 1: no new {where} within 1 s (--wait-s); exiting\n"
     finally:
         for proc in (agent, host):
             if proc is not None and proc.poll() is None:

@@ -15,8 +15,9 @@ on one node). An agent (`agent_main`, one process per node)
   is hung is judged in one place, the controller's `liveness.Liveness`, by arrival on its own clock;
 * fences itself when the controller is gone — out of reach for `controller_timeout_s` (`Reach`),
   or, for an agent forked on the controller's host, its parent dead — or fenced the node: kills
-  its members and exits; a member exits when its agent is gone (`pids.watch`, on its own host), so
-  a dead agent — a dead node — takes its workers down.
+  its members and exits (out of reach: returns, and `resihp agent` waits for a new controller,
+  `serve.py`); a member exits when its agent is gone (`pids.watch`, on its own host), so a dead
+  agent — a dead node — takes its workers down.
 
 Every channel is the controller's store (`transport.py`), named by node rank: what an agent says
 and hears crosses no other wire, and it never compares its clock with another host's.
@@ -57,7 +58,7 @@ from .protocol import (
     Spawn,
     Spawned,
 )
-from .signals import quiet_children, shield, shielded
+from .signals import STOP_SIGNALS, quiet_children, shield, shielded
 from .transport import Transport, Unreachable, load_quietly
 
 # what a node's forkserver imports once, in order (`preload` last: it freezes the others out of the gc)
@@ -94,7 +95,7 @@ class Reach:
 
 def agent_main(
     node: int, transport: Transport, controller_timeout_s: float = CONTROLLER_TIMEOUT_S,
-    heartbeat_s: float = HEARTBEAT_S, say: bool = False, child: bool = False,
+    heartbeat_s: float = HEARTBEAT_S, say: bool = False, child: bool = False, then: str = "exiting",
 ) -> int:  # fmt: skip
     """The agent of `node` (non-daemonic: it has children); runs until `Shutdown`, returns 0. Its
     channels are the store's of its node rank (`transport`). SIGINT and SIGTERM are ignored in the
@@ -103,13 +104,18 @@ def agent_main(
 
     Fencing: when no call reached the store for `controller_timeout_s`, or the controller fenced
     the node (its fence counter, `Transport.fences`, moved past the value the agent started
-    with), the agent SIGKILLs its members and exits `FENCED_EXIT` (with `say`, after one line on
-    stderr; an agent forked by `resihp train` dies quietly with its controller), so no member of
-    a node cut off from its controller outlives the timeout, nor serves on once fenced. With
-    `child` (an agent the controller forked on its own host), it fences as soon as its parent is
-    gone (`pids.orphaned`, within `pids.WATCH_S`) instead of on the store's silence (on one host
-    a late store is load, not a partition). With `say`, SIGINT / SIGTERM kill
-    the members and exit 130 / 143 after one line."""
+    with), the agent SIGKILLs its members (with `say`, then one line on stderr; an agent forked by
+    `resihp train` dies quietly with its controller), so no member of a node cut off from its
+    controller outlives the timeout, nor serves on once fenced. Fenced by the controller, it exits
+    `FENCED_EXIT`; out of reach, it reaps its members, stops its heartbeat thread and returns
+    `FENCED_EXIT` — its line ends with `then`, what its caller does next (`serve` waits for a new
+    controller) — with the signal handlers it found (a SIGINT / SIGTERM that came meanwhile is
+    raised again there); its forkserver stays up for the next run of `agent_main`. With `child`
+    (an agent the controller forked on its own host), it fences as soon as its parent is gone
+    (`pids.orphaned`, within `pids.WATCH_S`) and exits, instead of on the store's silence (on one
+    host a late store is load, not a partition). With `say`, SIGINT / SIGTERM kill the members and
+    exit 130 / 143 after one line."""
+    found = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     shield()
     user_level = "TORCH_CPP_LOG_LEVEL" in os.environ
     quiet_children()  # before the forkserver (and torch in it) starts
@@ -128,18 +134,19 @@ def agent_main(
 
     where = f"controller at {transport.host}:{transport.port}"
 
-    def fenced(
-        why: str = f"{where} unreachable for {controller_timeout_s:g} s", code: int = FENCED_EXIT
-    ) -> None:
+    def fence(why: str, next_: str) -> None:
         with lock:  # no member outlives its fenced node
             pids = [p.pid for p in procs.values()]
         for pid in pids:
             kill_pid(pid)
         if say:
             print(
-                f"resihp agent: node {node}: {why}; killed {len(pids)} member(s), exiting",
+                f"resihp agent: node {node}: {why}; killed {len(pids)} member(s), {next_}",
                 file=sys.stderr, flush=True,
             )  # fmt: skip
+
+    def fenced(why: str, code: int = FENCED_EXIT) -> None:
+        fence(why, "exiting")
         os._exit(code)
 
     try:
@@ -194,9 +201,10 @@ def agent_main(
 
     table = Dispatch({Kind.SPAWN: on_spawn, Kind.KILL: on_kill, Kind.SHUTDOWN: on_shutdown}, TO_AGENT)
     if child:
-        orphaned(fenced)
+        orphaned(lambda: fenced(f"{where} gone"))
     beat = threading.Thread(target=forward, name="agent-heartbeat", daemon=True)
     beat.start()  # beats even while the first spawn waits for the forkserver's preload
+    lost = False
     try:
         while not shutdown:
             try:
@@ -214,7 +222,9 @@ def agent_main(
                             last.pop(dev, None)
             except Unreachable:  # (an agent forked here follows its parent instead: `orphaned`)
                 if not child and reach.lost():
-                    fenced()
+                    fence(f"{where} unreachable for {controller_timeout_s:g} s", then)
+                    lost = True
+                    break
                 time.sleep(EXIT_POLL_S)
             if signals:
                 name = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}[signals[0]]
@@ -225,8 +235,14 @@ def agent_main(
         for p in list(procs.values()):
             p.join(5.0)
         stop.set()
-        beat.join(1.0)
-    return 0
+        beat.join(None if lost else 1.0)  # (its store calls time out) none outlives this run of it
+    if not lost:
+        return 0
+    for sig, handler in found.items():
+        signal.signal(sig, handler)
+    if signals:
+        signal.raise_signal(signals[0])
+    return FENCED_EXIT
 
 
 class Agents:

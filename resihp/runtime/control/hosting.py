@@ -10,9 +10,14 @@ Two ways to run, one code path (the store is the only wire either way, `transpor
   (`remote.RemoteAgents`), waiting up to `wait_s` for them.
 
 The controller publishes what an agent needs to know under `RUN_KEY` (`run_info`): its
-`controller_timeout_s` (after which an agent that cannot reach the store fences itself), the
-devices per node (an agent started with another `--devices` refuses to serve) and `run.device`
-(on "cuda" an agent whose node has fewer GPUs than devices refuses to serve: `serve.check_node`).
+`controller_timeout_s` (after which an agent that cannot reach the store fences itself), its
+`controller_wait_s` (how long such an agent then waits for a new controller at the same address,
+unless its `--wait-s` says otherwise: `serve.py`), the devices per node (an agent started with
+another `--devices` refuses to serve), `run.device` (on "cuda" an agent whose machine has fewer
+GPUs than the node's devices refuses to serve: `serve.check_node`), and an `incarnation`: a token
+drawn afresh by each controller's store, by which an agent that lost its controller tells a
+restarted one (which it registers with afresh) from the one it fenced itself from (which it never
+serves again).
 
 Torch-free at import (the store is made on `store()`).
 """
@@ -20,6 +25,7 @@ Torch-free at import (the store is made on `store()`).
 from __future__ import annotations
 
 import pickle
+import secrets
 from dataclasses import dataclass
 
 from .agent import CONTROLLER_TIMEOUT_S
@@ -36,7 +42,8 @@ CONTROLLER_WAIT_RANGE_S = (0.0, 86400.0)
 class Hosting:
     """`listen`: (host, port) of the controller's store, `host` as every agent and member reaches it
     (port 0: a free one); `nodes`: None for the embedded agents, else how many agents register
-    (node ranks 0..nodes-1); `wait_s`: how long the controller waits for them;
+    (node ranks 0..nodes-1); `wait_s`: how long the controller waits for them (and, published, how
+    long an agent that lost its controller waits for a new one);
     `controller_timeout_s`: the agents' fencing timeout; `device`: `run.device`."""
 
     listen: tuple[str, int] = ("127.0.0.1", 0)
@@ -48,21 +55,22 @@ class Hosting:
 
     def store(self):
         """The controller's `TCPStore` (the master: it lives as long as this object is referenced),
-        with the run's facts for the agents under `RUN_KEY`."""
+        with the run's facts for the agents under `RUN_KEY` (a fresh `incarnation` each call)."""
         import torch.distributed as dist
 
         host, port = self.listen
         store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False)
-        store.set(RUN_KEY, pickle.dumps({"controller_timeout_s": self.controller_timeout_s,
-                                         "devices_per_node": self.devices_per_node,
-                                         "device": self.device}))  # fmt: skip
+        info = {"controller_timeout_s": self.controller_timeout_s, "controller_wait_s": self.wait_s,
+                "devices_per_node": self.devices_per_node, "device": self.device,
+                "incarnation": secrets.token_hex(8)}  # fmt: skip
+        store.set(RUN_KEY, pickle.dumps(info))
         return store
 
 
 def run_info(data: bytes) -> dict:
     """What the controller published under `RUN_KEY`."""
     info = pickle.loads(data)
-    assert isinstance(info, dict) and "controller_timeout_s" in info, info
+    assert isinstance(info, dict) and {"controller_timeout_s", "incarnation"} <= set(info), info
     return info
 
 

@@ -10,7 +10,8 @@ but no process of its own to start, kill or reap, and no pid of another host to 
   fence counter in the store (`transport.Transport.fence`) and empties its channels: an agent that
   sees its counter move past the value it started with kills its members and exits (`agent.py`),
   so a node cut off and then back never serves the generation it was fenced from; one that cannot
-  reach the store fences itself after `controller_timeout_s`. Its devices are fail-stops at once;
+  reach the store fences itself after `controller_timeout_s` (and then waits for a controller of
+  another incarnation, never this one: `serve.py`). Its devices are fail-stops at once;
 * `spawn` on a node declared dead waits for a fresh agent of that node (the start timeout
   applies: a re-join needs the node's agent restarted);
 * `shutdown`: every agent is told, and the controller waits until each has taken the command
