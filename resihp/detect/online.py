@@ -163,12 +163,11 @@ class OnlineDetector:
         if reports:  # a new state of the job: the scale starts over
             self.scale.clear()
         elif dag is not None and not self.flags:  # calm: nobody suspect
-            if it in self.predicted and not self.known:
-                self.itp_errors.append(abs(iteration_s - self.predicted[it]) / iteration_s)
+            if predicted is not None and predicted > 0 and not self.known:
+                self.itp_errors.append(abs(iteration_s - predicted) / iteration_s)
             self.scale.add(iteration_s, dag)
-        healthy = {
-            d for d in chunks if d not in self.known and d not in self.suspects() and d not in self.excluded
-        }
+        unfit = self.known.keys() | self.suspects() | self.excluded
+        healthy = {d for d in chunks if d not in unfit}
         self.mtp.add(self._rows({d: chunks[d] for d in healthy}))
         self.mtp.refit()
         return reports
