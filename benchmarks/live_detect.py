@@ -8,12 +8,14 @@ series). Cases (`--cases`):
 
 * `healthy`: nothing injected (one seed per run);
 * `cotenant`: a process burning one core for 10 s, started `--cotenant-at` s after the job;
-* `slow70`, `slow50`: `slow` at p = 0.7 / 0.5 from iteration 20 on a device drawn per run;
+* `slow70`, `slow50`: `slow` at p = 0.7 / 0.5 from iteration 20 on the run's device (`fault_device`:
+  a permutation of the devices per case, so that every 8 runs of a case cover every device);
 * `slow0`: p = 0.5 from iteration 0;
 * `recover`: p = 0.5 from iteration 15 for `--duration` s (`duration_s`), then back at speed.
 
-A run's timings are recorded once (`--out DIR`, one JSON per run; an existing file is reused, not
-re-run) and replayed into:
+A run's timings are recorded once (`--out DIR`, one JSON per run, written whole or not at all; an
+existing file is reused, not re-run), run-major (every case of run 0, then of run 1, …: a recording
+cut short leaves the cases balanced), and replayed into:
 
 * `ours`: `runtime/adapt/slowwatch.SlowWatch`, the controller's live detector itself
   (`detect/online.py`: online MTP, ITP, change points, peer-aware localization, recovery);
@@ -45,6 +47,7 @@ import time
 
 import numpy as np
 
+from resihp.core.files import write_atomic
 from resihp.core.plan import Plan
 from resihp.detect import DetectorConfig, GreyhoundDetector, LocalizeConfig, Localizer, ResiHPDetector
 from resihp.detect.online import record_chunks
@@ -65,9 +68,16 @@ def config_for(args, case: str, run: int, faults: str | None) -> TrainConfig:
     )  # fmt: skip
 
 
+def fault_device(case: str, run: int, devices: int = 8) -> int:
+    """The device run `run` of `case` slows: a fixed permutation per case, so that any `devices`
+    consecutive runs of a case cover every device."""
+    order = np.random.default_rng([CASES.index(case), 7]).permutation(devices)
+    return int(order[run % devices])
+
+
 def record(args, case: str, run: int) -> dict:
     """Run one job; its trace, fault and co-tenant window (seconds from the job's start)."""
-    device = int(np.random.default_rng([run, 7]).integers(8))
+    device = fault_device(case, run, len(config_for(args, case, run, None).plan().devices()))
     fault = None
     with tempfile.TemporaryDirectory() as tmp:
         path = None
@@ -211,10 +221,13 @@ def main() -> None:
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     results = []
-    for case in args.cases.split(","):
+    cases = args.cases.split(",")
+    for case in cases:
         if case not in CASES:
-            raise SystemExit(f"--cases: {case!r}: allowed: {', '.join(CASES)}")
-        for run in range(args.runs):
+            print(f"--cases: {case!r}: allowed: {', '.join(CASES)}", file=sys.stderr)
+            sys.exit(2)
+    for run in range(args.runs):
+        for case in cases:
             path = os.path.join(args.out, f"{case}-{run}-s{args.seq_len}-i{args.iters}.json")
             if os.path.exists(path):
                 with open(path) as f:
@@ -228,8 +241,7 @@ def main() -> None:
                 except WorkerFailed as e:  # a start timeout under load spikes (shared cores): once more
                     print(f"{case} {run}: {str(e)[:120]}; again", file=sys.stderr, flush=True)
                     rec = record(args, case, run)
-                with open(path, "w") as f:
-                    json.dump(rec, f)
+                write_atomic(path, json.dumps(rec))  # whole or not at all: an interrupted run leaves none
                 print(f"recorded {path} in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
             cfg = config_for(args, case, run, None)
             got = replay(rec, cfg)

@@ -10,10 +10,14 @@ from the new warm-up samples.
 `BatchDag` feeds the same evaluator (`resihp.evaluator.dag.Dag`) many iterations at once, with
 arbitrary per-chunk durations, incoming transfer times and blocking-send times instead of the
 linear form: the benchmark needs the truth and the prediction of ~10⁶ iterations.
+
+`ITPScale` is the one rule that turns a DAG prediction into the running job's: × the median of
+observed ÷ DAG over its newest healthy iterations.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
@@ -103,6 +107,31 @@ class ITP:
     def predict(self, tokens, sum_sq) -> float:
         """Predicted healthy iteration seconds for this iteration's micro-batches (global order)."""
         return evaluate(self.program, self.costs(tokens, sum_sq)).iteration_s
+
+
+class ITPScale:
+    """A DAG prediction scaled to the running job: × the median of observed ÷ DAG over the newest
+    `keep` healthy iterations (`add`). The DAG of fitted chunk times misses what is in no chunk:
+    idle gaps, thread contention, collectives, the optimizer; on shared CPU cores a bias of 10-30 %
+    that drifts with the load. A prediction uses only earlier iterations (`predict` before `add`),
+    so its error is out of sample; the caller restarts it (`clear`) when the job's state changes."""
+
+    def __init__(self, keep: int) -> None:
+        self.ratios: deque[float] = deque(maxlen=keep)
+
+    def predict(self, dag_s: float) -> float | None:
+        """The scaled prediction of an iteration the DAG puts at `dag_s`; None until `keep` are in."""
+        if len(self.ratios) < (self.ratios.maxlen or 0):
+            return None
+        return dag_s * float(np.median(self.ratios))
+
+    def add(self, observed_s: float, dag_s: float) -> None:
+        """A healthy iteration: observed `observed_s`, the DAG's `dag_s`."""
+        if observed_s > 0.0 and dag_s > 0.0:
+            self.ratios.append(observed_s / dag_s)
+
+    def clear(self) -> None:
+        self.ratios.clear()
 
 
 class BatchDag:

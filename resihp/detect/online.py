@@ -29,23 +29,31 @@ Per Plan generation, fed one committed iteration at a time (`OnlineDetector.obse
   (its chunks are slower too: CPU time includes polling in a collective or a receive, which a
   healthy device waiting on a slow neighbour spends); otherwise s, and also
   r < `cut` (slower than its own prediction, not only than peers that happen to run fast). Suspect
-  in `persistence` consecutive iterations → `fail-slow`, severity = median s over them (the wall
-  time speed p: what the job loses; busy-wait injection makes compute t/p). A confirmed change
-  point of the iteration time's observed ÷ predicted series (`ResiHPDetector`, normalize mode;
-  the ITP is `detect.itp.ITP`, the one DAG evaluator, on the fitted rows) shortens the persistence
-  by one: the alarm already confirms that something changed.
+  in `persistence` of the last `persistence + tolerate` iterations (3 of 4: one noisy iteration
+  neither blames nor hides a slow device, which is still reported in its third slow iteration) →
+  `fail-slow`, severity = median s over its suspect ones (the wall time speed p: what the job
+  loses; busy-wait injection makes compute t/p). A confirmed change point of the iteration time's
+  observed ÷ predicted series (`ResiHPDetector`, normalize mode) shortens the persistence by one:
+  the alarm already confirms that something changed.
+* **ITP**: `detect.itp.ITP`, the one DAG evaluator, on the fitted rows (a TP group at its slowest
+  member's class), scaled online (`detect.itp.ITPScale`): × the median observed ÷ DAG of the
+  generation's last `itp_keep` calm iterations (no device suspect, no report; the DAG misses idle
+  gaps and thread contention, a bias that drifts with the load on shared cores). Each iteration is
+  predicted before it joins the scale, so `itp_errors` (calm iterations with no known-slow
+  device) are out of sample. A report or a recovery restarts the scale: a new state of the job.
 * **Known slow devices** (`known`: device → speed estimate, the runtime's knowledge carried across
   generations): judged on their speed × baked, baked = the estimate their own fit already holds (a
   device that had no healthy peer at fit time is fitted on its slow self). Reported again only when
   slower than `cut`² × the judged speed it was reported at (one `cut` of margin is within the noise
   of a slow device on shared cores: its injected busy-wait stretches with the contention); back at
-  speed (judged ≥ `back` in `persistence` iterations) → `recovered`.
+  speed (judged ≥ `back` in `persistence` of the last `persistence + tolerate`) → `recovered`.
 
 Torch-free; used live by `runtime/adapt/slowwatch.py` and offline by `benchmarks/live_detect.py`.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -56,7 +64,7 @@ from resihp.core.trace_format import COMPUTE_OPS
 from resihp.cost.calibration import LinearTime, chunk_table
 
 from .changepoint import DetectorConfig, ResiHPDetector
-from .itp import ITP
+from .itp import ITP, ITPScale
 from .online_mtp import Chunks, OnlineMTP, record_chunks, work_classes
 from .report import FailureReport
 
@@ -70,15 +78,17 @@ class OnlineConfig:
     keep: int = 10  # iterations the MTP is refitted on, newest kept
     cut: float = 0.8  # speed below which a device is suspect
     back: float = 0.85  # judged speed at or above which a known-slow device is back
-    persistence: int = 3  # consecutive suspect iterations before a report
+    persistence: int = 3  # suspect iterations before a report ...
+    tolerate: int = 1  # ... among the last persistence + tolerate (3 of 4)
+    itp_keep: int = 5  # calm iterations whose median observed ÷ DAG scales the ITP
     min_chunk_s: float = 1e-4  # chunks shorter than this did no work (W folded into B, say)
     quantile: float = 0.75  # of a device's chunk ratios predicted ÷ measured: its fast chunks
 
     def __post_init__(self) -> None:
-        for name in ("skip", "fit_iters", "keep", "persistence"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < (0 if name == "skip" else 1):
-                raise ValueError(f"online.{name} = {v!r}: must be an integer >= {0 if name == 'skip' else 1}")
+        for name in ("skip", "fit_iters", "keep", "persistence", "tolerate", "itp_keep"):
+            v, least = getattr(self, name), 0 if name in ("skip", "tolerate") else 1
+            if not isinstance(v, int) or v < least:
+                raise ValueError(f"online.{name} = {v!r}: must be an integer >= {least}")
         if not 0.0 < self.quantile < 1.0:
             raise ValueError(f"online.quantile = {self.quantile!r}: must lie in (0, 1)")
         if not 0.0 < self.cut < self.back <= 1.0:
@@ -93,7 +103,7 @@ class OnlineDetector:
         self.config = config or OnlineConfig()
         self.known = known if known is not None else {}
         self.generation = -1
-        self.itp_errors: list[float] = []  # |observed − predicted| / observed of healthy iterations
+        self.itp_errors: list[float] = []  # |observed − predicted| / observed of calm iterations
         self.alarms: list[int] = []  # iterations of confirmed change points (observed ÷ predicted)
         self.speeds: dict[int, list[float]] = {}  # device -> its speed s per observed iteration
         self.predicted: dict[int, float] = {}  # iteration -> the ITP's healthy iteration seconds
@@ -108,9 +118,11 @@ class OnlineDetector:
         self.baked: dict[int, float] = {}  # device -> the speed its own fit holds (wall)
         self.baked_judged: dict[int, float] = {}  # likewise, on the judged (CPU) scale
         self.excluded: set[int] = set()  # slow already in the warm-up: out of the fits
-        self.streak: dict[int, list[float]] = {}  # device -> speeds of its current run of suspicion
+        # device -> its last persistence + tolerate judgements (flag "slow" / "back" / None, wall
+        # speed, judged speed), kept while one of them is flagged
+        self.flags: dict[int, deque[tuple]] = {}
         self.itp: ITP | None = None
-        self.tail: list[float] = []  # observed − DAG prediction over the fit iterations
+        self.scale = ITPScale(c.itp_keep)
         self.cpd = ResiHPDetector(DetectorConfig(min_shift=0.05, persist_all=True), mode="normalize")
         self.last_alarm = -(1 << 30)
         self.fit_buffer: list[dict[int, Chunks]] = []
@@ -140,11 +152,22 @@ class OnlineDetector:
         judge = self._speeds({d: x / self.level[self.classes[d]] for d, x in cpu.items()}) if cpu else speed
         for d, s in judge.items():
             self.speeds.setdefault(d, []).append(s * self.baked.get(d, 1.0))
-        self._predict(it, iteration_s, tokens, sum_sq, speed)
+        dag = self._dag(tokens, sum_sq)
+        predicted = None if dag is None else self.scale.predict(dag)
+        if predicted is not None and predicted > 0:
+            self.predicted[it] = predicted
+            if self.cpd.observe(it, iteration_s, predicted) is not None:
+                self.alarms.append(it)
+                self.last_alarm = it
         reports = self._decide(it, resid, speed, judge if cpu else None)
-        healthy = {
-            d for d in chunks if d not in self.known and d not in self.streak and d not in self.excluded
-        }
+        if reports:  # a new state of the job: the scale starts over
+            self.scale.clear()
+        elif dag is not None and not self.flags:  # calm: nobody suspect
+            if predicted is not None and predicted > 0 and not self.known:
+                self.itp_errors.append(abs(iteration_s - predicted) / iteration_s)
+            self.scale.add(iteration_s, dag)
+        unfit = self.known.keys() | self.suspects() | self.excluded
+        healthy = {d for d in chunks if d not in unfit}
         self.mtp.add(self._rows({d: chunks[d] for d in healthy}))
         self.mtp.refit()
         return reports
@@ -237,15 +260,15 @@ class OnlineDetector:
         return out
 
     # ------------------------------------------------------------------ the iteration time
-    def _predict(self, it: int, observed: float, tokens, sum_sq, speed: dict[int, float]) -> None:
-        """The ITP on the current fits; its constant tail (P2P waits, collectives, the optimizer:
-        not in the chunk rows) is the median residual of the first predicted iterations."""
+    def _dag(self, tokens, sum_sq) -> float | None:
+        """The DAG evaluator's iteration seconds of these micro-batches on the current fits (None
+        without micro-batches or fits); `ITPScale` makes it the job's prediction."""
         if sum_sq is None:
-            return
+            return None
         tokens = np.full(len(sum_sq), float(tokens)) if np.ndim(tokens) == 0 else np.asarray(tokens, float)
         fits = self._group_fits(float(np.mean(tokens)), float(np.mean(sum_sq)))
         if fits is None:
-            return
+            return None
         if self.itp is None:
             self.itp = ITP(self.plan, fits)
         else:
@@ -253,20 +276,7 @@ class OnlineDetector:
                 g: chunk_table(fits[(g, "F")], fits[(g, "B")], fits.get((g, "W")))
                 for g in self.itp.program.chunks
             }
-        dag = self.itp.predict(tokens, sum_sq)
-        if len(self.tail) < self.config.fit_iters:
-            self.tail.append(observed - dag)
-            return
-        predicted = dag + float(np.median(self.tail))
-        if predicted <= 0:
-            return
-        self.predicted[it] = predicted
-        alarm = self.cpd.observe(it, observed, predicted)
-        if alarm is not None:
-            self.alarms.append(it)
-            self.last_alarm = it
-        if not self.known and not self.streak:
-            self.itp_errors.append(abs(observed - predicted) / observed)
+        return self.itp.predict(tokens, sum_sq)
 
     def _group_fits(self, n: float, sum_sq: float) -> dict | None:
         """(group, kind) -> the row of its slowest member's class (a TP group runs at its slowest)."""
@@ -285,6 +295,10 @@ class OnlineDetector:
         return fits
 
     # ------------------------------------------------------------------ decisions
+    def suspects(self) -> set[int]:
+        """Devices flagged slow in one of their last `persistence + tolerate` iterations."""
+        return {d for d, win in self.flags.items() if any(f == "slow" for f, _, _ in win)}
+
     def _decide(
         self, it: int, resid: dict[int, float], speed: dict[int, float], cpu: dict[int, float] | None
     ) -> list[FailureReport]:
@@ -306,24 +320,24 @@ class OnlineDetector:
             else:
                 slow = judged < c.cut * c.cut * self.judged_at.get(d, known)
             back = known is not None and judged >= c.back
-            run = self.streak.setdefault(d, []) if (slow or back) else None
-            if run is None:
-                self.streak.pop(d, None)
+            flag = "back" if back else "slow" if slow else None
+            win = self.flags.setdefault(d, deque(maxlen=c.persistence + c.tolerate))
+            win.append((flag, wall, judged))
+            if all(f is None for f, _, _ in win):
+                self.flags.pop(d)
                 self.excluded.discard(d)  # the warm-up's suspicion not borne out: a peer again
                 continue
-            if run and run[0][0] != back:  # a run of the other sign: start over
-                run.clear()
-            run.append((back, wall, judged))
+            run = [(w, j) for f, w, j in win if f == flag] if flag else []
             if len(run) < (c.persistence if back else need):
                 continue
-            est = min(float(np.median([w for _, w, _ in run])), 1.0)
-            self.streak.pop(d)
+            est = min(float(np.median([w for w, _ in run])), 1.0)
+            self.flags.pop(d)
             if back:
                 self.known.pop(d)
                 self.judged_at.pop(d, None)
                 out.append(FailureReport("recovered", (d,), severity=1.0, iteration=it))
             else:
                 self.known[d] = est
-                self.judged_at[d] = float(np.median([j for _, _, j in run]))
+                self.judged_at[d] = float(np.median([j for _, j in run]))
                 out.append(FailureReport("fail-slow", (d,), severity=est, iteration=it))
         return out

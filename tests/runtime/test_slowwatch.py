@@ -235,3 +235,17 @@ def test_a_recovered_event_in_words():
         "reason": "resihp: home",
     }
     assert describe(event) == "[1] back to speed -> resihp: home"
+
+
+def test_live_detect_runs_cover_every_device():
+    """benchmarks/live_detect.py: any 8 consecutive runs of a case slow each of the 8 devices once."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "live_detect.py"
+    spec = importlib.util.spec_from_file_location("live_detect", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for case in bench.CASES:
+        for first in (0, 5):
+            assert sorted(bench.fault_device(case, r) for r in range(first, first + 8)) == list(range(8))
