@@ -140,6 +140,7 @@ class _Copies:
         self.breaks: list[int] | None = None
         self.combos: list[tuple] | None = None
         self.rows: dict[tuple, tuple[int, int, int]] = {}  # `inflow`'s parts per copies and shards
+        self.spans_of: dict[tuple, tuple[tuple[int, int], ...]] = {}
 
     def key(self, name: str) -> tuple:
         """The tensor kind and the stage holding it in every replica: what its copies depend on."""
@@ -172,6 +173,13 @@ class _Copies:
                         groups.setdefault(rows[at], []).append((holder, dev))
             self.cache[key] = [(a, b, h) for (a, b), h in sorted(groups.items())]
         return self.cache[key]
+
+    def spans(self, key: tuple) -> tuple[tuple[int, int], ...]:
+        """The distinct ranges [a, b) of `of_key(key)`, each with at least one holder."""
+        out = self.spans_of.get(key)
+        if out is None:
+            out = self.spans_of[key] = tuple((a, b) for a, b, _ in self.of_key(key))
+        return out
 
     def runs(self, layers: tuple[int, int]) -> list[tuple[int, int, list[str]]]:
         """[(k, count, kinds)]: the tensors of a stage of `layers` as runs of the layers the old

@@ -82,13 +82,16 @@ def _inflow_of(copies: _Copies, st: Stage, r: int, mine, on_node, kinds: int) ->
             need = _interval(spec, kind, st.tp_split, st.ffn_split, r)
             own = _interval(spec, kind, *keep) if keep else None
             near = frozenset(_interval(spec, kind, *h) for h in held)
-            key = (copies.key_at(kind, k), need, own, near)
+            at = copies.key_at(kind, k)
+            # The parts depend on the copies' ranges, not on who holds them: layers held by
+            # different stages, and tensor kinds sliced alike, share one entry.
+            key = (copies.spans(at), need, own, near)
             rows = copies.rows.get(key)
             if rows is None:
                 parts = [0, 0, 0, 0]
                 mine_c = [(*own, 0, 0)] if own else []
                 near_c = [(a, b, 0, 0) for a, b in near]
-                for x, y, where, _ in _segments(need, copies.of_key(key[0]), mine_c, near_c):
+                for x, y, where, _ in _segments(need, copies.of_key(at), mine_c, near_c):
                     parts[where] += y - x
                 rows = copies.rows[key] = tuple(parts[1:])
             if any(rows):
