@@ -3,7 +3,9 @@
 The shared machine's load moves wall and CPU times by more than the changes being judged;
 `valgrind --tool=callgrind` counts instructions, which load does not change. The driver builds the
 256-GPU job (LLaMA 2-70B at (4,4,16)), makes one warm-up call (as the benchmark does), then N
-calls, each after `forget_compiled()`. Per-call instructions = (count at N=2 - count at N=0) / 2:
+calls, each after `forget_compiled()` and `forget_inflow()` (as the benchmark: a replan compiles
+its candidates and prices their state movement afresh). Per-call instructions = (count at N=2 -
+count at N=0) / 2:
 
     valgrind --tool=callgrind --callgrind-out-file=/dev/null \
         .venv/bin/python benchmarks/sched_replan.py stop 0      # then 2; kinds: stop, slow, before
@@ -27,6 +29,7 @@ from sched_latency import CASES, batches  # noqa: E402
 from resihp.core import Cluster, Workload, model_preset  # noqa: E402
 from resihp.core.program import forget_compiled  # noqa: E402
 from resihp.core.scenario import Job  # noqa: E402
+from resihp.core.transfer_volume import forget_inflow  # noqa: E402
 from resihp.sched import PlanningContext, ResiHP  # noqa: E402
 
 KINDS = {"stop": "fail-stop", "slow": "fail-slow", "before": "fail-slow"}
@@ -54,6 +57,7 @@ def main(argv: list[str]) -> None:
         profile.enable()
     for _ in range(n):
         forget_compiled()
+        forget_inflow()
         decision = policy.adapt(ctx, ctx.home, cluster, reports, **kw)
     if profile is not None:
         import pstats

@@ -14,6 +14,13 @@ so the Program is deadlock-free under any timing, and the round each chunk start
 topological numbering of the Program's DAG (a chunk's predecessors all started in earlier rounds):
 the evaluator's level order (`evaluator.dag`).
 
+Groups only ever wait on groups that share a source replica's chunks with them, so the run is
+made per *component* (replicas joined by the assignment's moves): each component's orders and
+rounds are the ones the joint run gives. A replica no move touches is a template-shaped pipeline
+whose run depends only on (schedule, stages, micro-batches): that run is memoised by shape
+(`_plain`) and relabelled for every such replica (a migrated plan usually moves work between a few
+replicas and leaves the rest alone).
+
 Inside the run a chunk (j, src) is coded c = j * dp + src (ints order as the (j, src) tuples do)
 and each started chunk is recorded as one int, (round * 3 + kind) * C + c, decoded with numpy at
 the end into the (kind, src, j) arrays and the rounds (the Program builds chunk tuples on demand).
@@ -23,20 +30,75 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from functools import lru_cache
 
 import numpy as np
 
+from .model_spec import ModelSpec
 from .plan import Plan
 from .schedule import B, F, W, get_schedule
 
 GroupKey = tuple[int, int]  # (replica, stage)
 assert (F, B, W) == (0, 1, 2), "the recorded starts code the kind as 0, 1, 2"
+# Any model will do for `_plain`'s one-replica plan: the run reads only the plan's shape.
+_SHAPE_MODEL = ModelSpec("shape", 1 << 12, 64, 1, 1, 64, 64)
 
 
 def list_schedule(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> tuple[dict, dict]:
     """(arrays, rounds) per group of `work` (each group's sorted (j, src) micro-batches): its
     chunks in start order as a read-only (n, 3) int64 array of (kind, src, j) rows, and the round
-    each chunk started in (int64 array)."""
+    each chunk started in (int64 array). Run per component of replicas the moves join (`_run`),
+    replicas no move touches from the memo by shape (`_plain`)."""
+    root = list(range(plan.dp))  # union-find over replicas: a move joins its source and executor
+
+    def find(d: int) -> int:
+        while root[d] != d:
+            d = root[d]
+        return d
+
+    for src, _, _, dst in plan.assignment:
+        root[find(src)] = find(dst)
+    touched = {a[0] for a in plan.assignment} | {a[3] for a in plan.assignment}
+    parts: dict[int, dict[GroupKey, list[tuple[int, int]]]] = {}
+    for g, items in work.items():
+        parts.setdefault(find(g[0]), {})[g] = items
+    arrays: dict = {}
+    rounds: dict = {}
+    for top, part in parts.items():
+        if top in touched or not plan.microbatches[top]:
+            got = _run(plan, part)
+        else:
+            got = _relabel(_plain(plan.schedule, len(plan.replicas[top]), plan.microbatches[top]), top)
+        arrays.update(got[0])
+        rounds.update(got[1])
+    return {g: arrays[g] for g in work}, {g: rounds[g] for g in work}
+
+
+@lru_cache(maxsize=16)
+def _plain(schedule: str, num_stages: int, m: int) -> tuple[list, list]:
+    """The run of one replica of `num_stages` stages and `m` micro-batches that no move touches,
+    as replica 0: per stage, its (n, 3) chunk array and its rounds (read-only)."""
+    plan = Plan.uniform(_SHAPE_MODEL, 1, num_stages, 1, m, schedule=schedule)
+    arrays, rounds = _run(plan, {(0, i): [(j, 0) for j in range(m)] for i in range(num_stages)})
+    return [arrays[(0, i)] for i in range(num_stages)], [rounds[(0, i)] for i in range(num_stages)]
+
+
+def _relabel(shape: tuple[list, list], d: int) -> tuple[dict, dict]:
+    """`_plain`'s run as replica d's: its groups, the source column d."""
+    arrays, rounds = {}, {}
+    for i, (a, r) in enumerate(zip(*shape)):
+        if d:
+            a = a.copy()
+            a[:, 1] = d
+            a.setflags(write=False)
+        arrays[(d, i)] = a
+        rounds[(d, i)] = r
+    return arrays, rounds
+
+
+def _run(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> tuple[dict, dict]:
+    """`list_schedule` of the groups of `work` run together: chunks of sources outside it never
+    reach them (one component, or the whole plan)."""
     sched = get_schedule(plan.schedule)
     dp = plan.dp
     keys = list(work)

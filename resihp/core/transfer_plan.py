@@ -140,6 +140,9 @@ class _Copies:
         self.breaks: list[int] | None = None
         self.combos: list[tuple] | None = None
         self.rows: dict[tuple, tuple[int, int, int]] = {}  # `inflow`'s parts per copies and shards
+        self.spans_of: dict[tuple, tuple[tuple[int, int], ...]] = {}
+        self.shards_of: dict[tuple, frozenset] = {}
+        self.by_run: dict[tuple, tuple[int, int, int]] = {}  # `inflow`'s elements per run and shards
 
     def key(self, name: str) -> tuple:
         """The tensor kind and the stage holding it in every replica: what its copies depend on."""
@@ -149,9 +152,13 @@ class _Copies:
 
     def key_at(self, kind: str, k: int) -> tuple:
         """`key` of the tensor of kind `kind` (`_key`) in layer `k`."""
+        return (kind, self.stages_at(k))
+
+    def stages_at(self, k: int) -> tuple[int, ...]:
+        """The old stage holding layer `k`, per replica."""
         if self.combos is None:
             self.combos = [tuple(at[j] for at in self.stage_at) for j in range(self.old.model.num_layers)]
-        return (kind, self.combos[k])
+        return self.combos[k]
 
     def of(self, name: str) -> list[tuple[int, int, list[tuple[int, int]]]]:
         return self.of_key(self.key(name))
@@ -161,17 +168,40 @@ class _Copies:
         if key not in self.cache:
             groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
             rows: dict[tuple, tuple[int, int]] = {}  # (split, rank) -> rows: replicas mostly agree
-            for stages, i in zip(self.old.replicas, key[1]):
-                st = stages[i]
-                for r, dev in enumerate(st.devices):
-                    holder = dev if dev in self.alive else self.snapshots.get(dev)
-                    if holder in self.alive:
-                        at = (st.tp_split, st.ffn_split, r)
-                        if at not in rows:
-                            rows[at] = _interval(spec, key[0], *at)
-                        groups.setdefault(rows[at], []).append((holder, dev))
+            for at, holder, dev in self._usable(key[1]):
+                if at not in rows:
+                    rows[at] = _interval(spec, key[0], *at)
+                groups.setdefault(rows[at], []).append((holder, dev))
             self.cache[key] = [(a, b, h) for (a, b), h in sorted(groups.items())]
         return self.cache[key]
+
+    def _usable(self, combo: tuple[int, ...]):
+        """(shard (tp_split, ffn_split, rank), holder, device) of every usable copy held by the
+        old stages `combo` (one per replica): a live device's own, or a lost one's snapshot."""
+        for stages, i in zip(self.old.replicas, combo):
+            st = stages[i]
+            for r, dev in enumerate(st.devices):
+                holder = dev if dev in self.alive else self.snapshots.get(dev)
+                if holder in self.alive:
+                    yield (st.tp_split, st.ffn_split, r), holder, dev
+
+    def shards(self, combo: tuple[int, ...]) -> frozenset:
+        """The distinct shards (tp_split, ffn_split, rank) of the usable copies of `combo`'s
+        stages: with the tensor kind, all that the copies' ranges depend on (`spans`)."""
+        out = self.shards_of.get(combo)
+        if out is None:
+            out = self.shards_of[combo] = frozenset(at for at, _, _ in self._usable(combo))
+        return out
+
+    def spans(self, kind: str, shards: frozenset) -> tuple[tuple[int, int], ...]:
+        """The distinct ranges [a, b) of tensor kind `kind` that copies of `shards` hold, sorted:
+        those of `of_key`."""
+        key = (kind, shards)
+        out = self.spans_of.get(key)
+        if out is None:
+            spec = self.old.model
+            out = self.spans_of[key] = tuple(sorted({_interval(spec, kind, *at) for at in shards}))
+        return out
 
     def runs(self, layers: tuple[int, int]) -> list[tuple[int, int, list[str]]]:
         """[(k, count, kinds)]: the tensors of a stage of `layers` as runs of the layers the old

@@ -72,30 +72,53 @@ def inflow(old: Plan, new: Plan, alive: Iterable[int], node_of: Callable[[int], 
 def _inflow_of(copies: _Copies, st: Stage, r: int, mine, on_node, kinds: int) -> Inflow | None:
     """The Inflow of TP rank `r` of `st` for a device that held the old shard `mine` (layers,
     tp_split, ffn_split, rank; None: nothing) on a node whose live devices hold `on_node`."""
-    spec = copies.old.model
     got, moved = [0, 0, 0], 0
     for k, count, names in copies.runs(st.layers):
-        held = [h[1:] for h in on_node if h[0][0] <= k < h[0][1]]
+        held = frozenset(h[1:] for h in on_node if h[0][0] <= k < h[0][1])
         keep = mine[1:] if mine and mine[0][0] <= k < mine[0][1] else None
-        any_rows = False
-        for kind in names:
-            need = _interval(spec, kind, st.tp_split, st.ffn_split, r)
-            own = _interval(spec, kind, *keep) if keep else None
-            near = frozenset(_interval(spec, kind, *h) for h in held)
-            key = (copies.key_at(kind, k), need, own, near)
-            rows = copies.rows.get(key)
-            if rows is None:
-                parts = [0, 0, 0, 0]
-                mine_c = [(*own, 0, 0)] if own else []
-                near_c = [(a, b, 0, 0) for a, b in near]
-                for x, y, where, _ in _segments(need, copies.of_key(key[0]), mine_c, near_c):
-                    parts[where] += y - x
-                rows = copies.rows[key] = tuple(parts[1:])
-            if any(rows):
-                per = extent(spec, kind)[2] * ELEMENT_BYTES * kinds * count
-                for j in range(3):
-                    got[j] += rows[j] * per
-                any_rows = True
-        if any_rows and names[0].startswith("layers."):
-            moved += count
+        # A run's parts depend on its tensor kinds, the shards of the copies, the new shard and
+        # the old shards at hand; not on which stages hold the copies, where it starts or its length.
+        shards = copies.shards(copies.stages_at(k))
+        key = (names[0], shards, st.tp_split, st.ffn_split, r, keep, held)
+        per_layer = copies.by_run.get(key)
+        if per_layer is None:
+            per_layer = copies.by_run[key] = _run_parts(copies, k, names, shards, st, r, keep, held)
+        if per_layer is not _NOTHING:
+            per = ELEMENT_BYTES * kinds * count
+            for j in range(3):
+                got[j] += per_layer[j] * per
+            if names[0].startswith("layers."):
+                moved += count
     return Inflow(*got, moved) if any(got) else None
+
+
+_NOTHING = (0, 0, 0)  # a run of which no tensor receives a row
+
+
+def _run_parts(copies: _Copies, k: int, names, shards, st: Stage, r: int, keep, held) -> tuple[int, int, int]:
+    """Elements of one layer of the run at layer `k` (its tensor kinds `names`, copies of
+    `shards`) that rank `r` of `st` receives from its node, from another node and from no live
+    copy, holding the shard `keep` itself and `held` on its node; `_NOTHING` when no tensor
+    receives a row."""
+    spec = copies.old.model
+    out, any_rows = [0, 0, 0], False
+    for kind in names:
+        need = _interval(spec, kind, st.tp_split, st.ffn_split, r)
+        own = _interval(spec, kind, *keep) if keep else None
+        near = frozenset(_interval(spec, kind, *h) for h in held)
+        # The parts depend on the copies' ranges, not on who holds them.
+        key = (copies.spans(kind, shards), need, own, near)
+        rows = copies.rows.get(key)
+        if rows is None:
+            parts = [0, 0, 0, 0]
+            mine_c = [(*own, 0, 0)] if own else []
+            near_c = [(a, b, 0, 0) for a, b in near]
+            for x, y, where, _ in _segments(need, copies.of_key(copies.key_at(kind, k)), mine_c, near_c):
+                parts[where] += y - x
+            rows = copies.rows[key] = tuple(parts[1:])
+        if any(rows):
+            e = extent(spec, kind)[2]
+            for j in range(3):
+                out[j] += rows[j] * e
+            any_rows = True
+    return tuple(out) if any_rows else _NOTHING

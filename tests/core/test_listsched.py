@@ -1,10 +1,16 @@
-"""The list scheduler's executor table and the per-Plan gradient-segment memo (issue 12's replan
-latency work): both must answer exactly what the plan says, also for derived plans."""
+"""The list scheduler's executor table, its run per component and the per-Plan gradient-segment
+memo (issue 12's replan latency work): each must answer exactly what the plan says, also for
+derived plans."""
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
+import pytest
+
 from resihp.core import Plan, model_preset
-from resihp.core.listsched import _executors
+from resihp.core.listsched import _executors, _run, list_schedule
 from resihp.core.program import _work
 from resihp.core.segments import _grad_segments, grad_segments
 
@@ -40,3 +46,24 @@ def test_grad_segments_memo_is_per_plan_object():
     assert grad_segments(plan) is first and first == _grad_segments(plan)
     other = plan.with_changes(replicas=plan.replicas[:2], microbatches=plan.microbatches[:2], assignment=())
     assert grad_segments(other) == _grad_segments(other) != first  # a derived plan: computed anew
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zbh1"])
+def test_run_per_component_and_memoised_untouched_replicas_equal_the_joint_run(schedule):
+    """Orders and rounds per group are the joint run's (`_run` over every group at once) when
+    the moves join some replicas and leave others alone (those come from the memo by shape)."""
+    rng = random.Random(7)
+    for _ in range(6):
+        dp, pp = rng.randint(3, 5), rng.randint(2, 4)
+        m = rng.randint(1, 6)
+        plan = Plan.uniform(TINY, 1, pp, dp, m, schedule=schedule)
+        joined = rng.sample(range(dp), 2)  # the others stay untouched
+        moves = {(joined[0], rng.randrange(m), rng.randrange(pp)): joined[1] for _ in range(3)}
+        plan = plan.with_changes(assignment=tuple((*k, d) for k, d in moves.items()))
+        work = _work(plan)
+        arrays, rounds = list_schedule(plan, work)
+        want_a, want_r = _run(plan, work)
+        assert list(arrays) == list(want_a) == list(work)
+        for g in work:
+            assert np.array_equal(arrays[g], want_a[g]) and np.array_equal(rounds[g], want_r[g]), g
+            assert not arrays[g].flags.writeable and not rounds[g].flags.writeable
