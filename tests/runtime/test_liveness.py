@@ -367,9 +367,9 @@ def test_a_member_never_heard_from_fails_the_job_with_no_orphans(monkeypatch):
 def test_the_controller_and_its_agent_paused_together_at_start_up_fence_nothing(monkeypatch):
     """Issue 17's fence at start-up, with processes: once every member beats (they are building
     their groups), the controller stops for 5 s with its agent (SIGSTOP: the load of 8 members
-    starting on 2 cores did this to both; the heartbeat timeout is 3 s). The agent's last beat is
-    5 s old when the controller turns again, but the pause was its own: nothing is fenced, the job
-    trains on with the reference's losses."""
+    starting on 2 cores did this to both; the heartbeat timeout is 3 s), having heard the agent's
+    last beat. That beat is 5 s old when the controller turns again, but the pause was its own:
+    nothing is fenced, the job trains on with the reference's losses."""
     import os
     import signal
 
@@ -377,13 +377,15 @@ def test_the_controller_and_its_agent_paused_together_at_start_up_fence_nothing(
     on_agent = Processes.on_agent
 
     def pause_once(self, msg) -> None:
-        on_agent(self, msg)  # its arrival is noted, then both stop
+        on_agent(self, msg)
         if not paused and len(msg.beats) == 4:
             pid = self.agents.procs[msg.node].pid
+            paused.append(pid)
             os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.3)  # a beat the agent sent just before it stopped is in the store by now:
+            self.inbox.drain()  # heard (none stays there to be read as fresh after the pause)
             time.sleep(5.0)
             os.kill(pid, signal.SIGCONT)
-            paused.append(pid)
 
     monkeypatch.setattr(Processes, "on_agent", pause_once)
     config = TrainConfig(seq_len=32, microbatches=2, iterations=2, detect_slow=False)
