@@ -120,7 +120,7 @@ def agent_main(
     forkserver.ensure_running()  # it preloads torch while this process imports its store client
     load_quietly(user_level)  # the agent's own reconnect attempts say nothing (`fenced` says one line)
     # torch's objects, frozen out of the collector: a full collection over them held this process's
-    # GIL, and its heartbeat thread with it, for 0.2-0.7 s at a load average of 11 on 2 cores (as
+    # GIL, and its heartbeat thread with it, for 0.2-0.8 s at load average 9-23 on 2 cores (as
     # the members do: `preload.py`)
     gc.freeze()
     commands, beats, results = transport.commands(node), transport.beats(node), transport.inbox()
