@@ -68,8 +68,10 @@ def test_failover_aborts_at_once_waits_for_the_survivors_and_measures_the_recove
     assert board.gates == {1: Gate.ABORT} and board.decisions == {(1, 5): Verdict.ABORT}
     assert fails.open.dead == [3, 2]
     assert fails.quiescent({0, 1}, plans, {})  # generation 1 never went: nobody touches its groups
-    fails.abort(0, 0, "RuntimeError: closed", current=1)  # a stale abort: not a failed collective now
-    assert fails.noticed == {0: {0: "RuntimeError: closed"}} and fails.unexplained(0.0) == {}
+    fails.abort(0, 0, "RuntimeError: closed", current=1, snapshot=None)  # stale: not a failed collective now
+    fails.abort(1, 1, "Aborted: iteration 5 aborted", current=1, snapshot=5)  # its snapshots of 5: complete
+    assert fails.noticed == {0: {0: "RuntimeError: closed"}, 1: {1: "Aborted: iteration 5 aborted"}}
+    assert fails.unexplained(0.0) == {} and fails.snapped.reached == {1: {1: 5}}
     t_detect = fails.open.t_detect
     fails.replanned({3: t_detect - 0.5, 2: t_detect - 0.2}, 0.01, generation=2)
     assert fails.open is None and fails.measured["detect_s"] == pytest.approx(0.5)
@@ -87,7 +89,7 @@ def test_failover_aborts_at_once_waits_for_the_survivors_and_measures_the_recove
 
 def test_an_abort_with_no_death_is_unexplained_after_the_grace():
     fails = Failover(Board(), JoinBarrier(), Snapped({}))
-    fails.abort(0, 4, "RuntimeError: timeout", current=0)
+    fails.abort(0, 4, "RuntimeError: timeout", current=0, snapshot=None)
     assert fails.unexplained(60.0) == {}
     assert fails.unexplained(0.0) == {
         4: "reported a failed collective, no process died: RuntimeError: timeout"

@@ -19,7 +19,7 @@ from resihp.runtime.adapt.recovery import source_generation
 from resihp.runtime.config import TrainConfig
 from resihp.runtime.control import controller
 from resihp.runtime.control.agent import Agents
-from resihp.runtime.control.liveness import JoinBarrier, Liveness
+from resihp.runtime.control.liveness import JoinBarrier, ListeningClock, Liveness
 from resihp.runtime.control.pids import alive
 from resihp.runtime.control.processes import Processes
 from resihp.runtime.control.protocol import (
@@ -167,6 +167,76 @@ def test_a_silent_agent_loses_its_node_and_every_running_device_of_it():
     assert agents.lost(10.5) == {} and agents.unstarted(100.0) == []
 
 
+def test_the_listening_clock_leaves_the_controllers_own_pauses_out():
+    """Gaps up to `gap_s` between readings count whole, a longer one (the controller paused) as
+    `gap_s`; the clock reads as the raw one until the first such gap."""
+    raw = [10.0]
+    clock = ListeningClock(lambda: raw[0], gap_s=0.5)
+    readings = []
+    for t in (10.0, 10.3, 10.7, 15.7, 15.8, 16.3):
+        raw[0] = t
+        readings.append(clock())
+    assert readings == pytest.approx([10.0, 10.3, 10.7, 11.2, 11.3, 11.8])
+
+
+class _Proc:  # an agent process that is alive but says nothing (SIGSTOPped, or a lost machine)
+    exitcode, killed = None, False
+
+    def kill(self):
+        self.killed = True
+
+    def join(self, timeout=None):
+        pass
+
+
+class _Emptied(queue.Queue):  # a node's channel queue in the store: emptied when its node is lost
+    def delete(self):
+        pass
+
+
+class _Store:  # the channels a transport names, kept in memory
+    def commands(self, node):
+        return Channel(_Emptied())
+
+    beats = commands
+
+
+def test_a_pause_of_the_controller_with_its_agent_fences_nothing_a_silence_it_hears_does():
+    """Issue 17's fence at start-up, deterministic: the agent of node 0 and the controller stop
+    together for 5 s (a loaded machine; the heartbeat timeout is 2 s); when the controller turns
+    again, before the agent's next beat is in, nothing is fenced — the 5 s were heard as
+    `LISTEN_GAP_S` — and the beat comes. Silent while the controller turns every 0.1 s, the agent
+    is fenced after 2 s of listening, its devices with it."""
+    raw, q, members, agent = [0.0], queue.Queue(), Liveness(timeout_s=2.0), _Proc()
+    handlers = {kind: print for kind in FROM_MEMBER}
+    procs = Processes(None, Channel(q), members, None, 2.0, 10.0, handlers, clock=lambda: raw[0])
+    agents = procs.agents
+    agents.transport, agents.procs = _Store(), {0: agent}
+    agents.liveness.spawn(0, procs.clock())
+    for d in (0, 1):
+        members.spawn(d, procs.clock())
+        agents.code[d] = None
+
+    def turn(t: float, beat: bool = False) -> None:
+        raw[0] = t
+        if beat:
+            q.put(encode(AgentBeat(0, 100.0 + t, {0: 100.0 + t, 1: 100.0 + t})))
+        procs.inbox.get(0.0)
+        procs.check_alive({0, 1})
+
+    for k in range(21):  # the agent beats every 0.25 s, the controller turns every 0.1 s
+        turn(k * 0.1, beat=k % 2 == 0)
+    turn(7.0)  # both stopped from 2.0 to 7.0: no beat in yet
+    assert not agent.killed and procs.killed == {}
+    turn(7.1, beat=True)
+    t = 7.1
+    while not procs.killed:  # the agent goes silent for good
+        t += 0.1
+        turn(t)
+        assert t < 10.0
+    assert t == pytest.approx(9.2) and agent.killed and procs.killed == {0: "node", 1: "node"}
+
+
 def test_join_barrier_goes_once_everyone_arrived_and_aborts_superseded_generations():
     barrier = JoinBarrier()
     barrier.open(1, [0, 2, 3])
@@ -291,3 +361,38 @@ def test_a_member_never_heard_from_fails_the_job_with_no_orphans(monkeypatch):
         controller.launch_elastic(plan, job, start_timeout_s=12.0)
     assert failed.value.devices == [0] and 12.0 < time.monotonic() - t0 < 40
     assert alive(failed.value.pids) == [], "orphan worker processes"
+
+
+@pytest.mark.slow
+def test_the_controller_and_its_agent_paused_together_at_start_up_fence_nothing(monkeypatch):
+    """Issue 17's fence at start-up, with processes: once every member beats (they are building
+    their groups), the controller stops for 5 s with its agent (SIGSTOP: the load of 8 members
+    starting on 2 cores did this to both; the heartbeat timeout is 3 s), having heard the agent's
+    last beat. That beat is 5 s old when the controller turns again, but the pause was its own:
+    nothing is fenced, the job trains on with the reference's losses."""
+    import os
+    import signal
+
+    paused = []
+    on_agent = Processes.on_agent
+
+    def pause_once(self, msg) -> None:
+        on_agent(self, msg)
+        if not paused and len(msg.beats) == 4:
+            pid = self.agents.procs[msg.node].pid
+            paused.append(pid)
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.3)  # a beat the agent sent just before it stopped is in the store by now:
+            self.inbox.drain()  # heard (none stays there to be read as fresh after the pause)
+            time.sleep(5.0)
+            os.kill(pid, signal.SIGCONT)
+
+    monkeypatch.setattr(Processes, "on_agent", pause_once)
+    config = TrainConfig(seq_len=32, microbatches=2, iterations=2, detect_slow=False)
+    plan = Plan.uniform(SPEC, 2, 1, 2, 2)
+    res = run_training(config, plan, progress=False)
+    assert paused and [e for e in res["events"] if e["kind"] == "fail-stop"] == []
+    assert [row["loss"] for row in res["iterations"]] == pytest.approx(
+        reference_for(plan, config)[0], rel=1e-4
+    )
+    assert alive(res["worker_pids"]) == [], "orphan worker processes"

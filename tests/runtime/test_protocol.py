@@ -45,7 +45,7 @@ SAMPLES = {
     Kind.JOINED: (3, 1, 0.01, 0.02, 0.03, 0.04),
     Kind.REACHED: (3, 1, 7, (LossRow(4, 1.25, 31),), 0.5),
     Kind.RECORD: (3, {"iter": 7, "instrs": [InstrRow("F", 0, 1, 0.1, 0.0)], "links": []}),
-    Kind.ABORT: (3, 1, 7, "RuntimeError: Connection closed by peer"),
+    Kind.ABORT: (3, 1, 7, "RuntimeError: Connection closed by peer", 6),
     Kind.ERROR: (3, "Traceback ..."),
     Kind.STOPPING: (3, 7, 1234.5, True),
     Kind.SAVED: (3, 1, 6),

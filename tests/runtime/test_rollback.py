@@ -34,11 +34,33 @@ def point(s: Snapped, it: int, members=SURVIVORS, snapshots=True):
 def test_a_stage_lost_before_its_holders_reached_the_step_rolls_back_one_iteration():
     s = snapped(0, failed_at=3)
     assert point(s, 3) == (2, {2: 0, 3: 1, 6: 4, 7: 5}, [])
-    s.reach(0, 0, 3)  # device 0 holds 2's snapshot of 3: TP rank 1 (3's, on 1; 7's, on 5) is missing
-    s.reach(0, 4, 3)
+    s.certify(0, 0, 3)  # device 0 holds 2's snapshot of 3: TP rank 1 (3's, on 1; 7's, on 5) is missing
+    s.certify(0, 4, 3)
     assert point(s, 3)[0] == 2
-    s.reach(0, 1, 3)  # replica 0's last stage, both TP ranks, as of 3: a cover
+    s.certify(0, 1, 3)  # replica 0's last stage, both TP ranks, as of 3: a cover
     assert point(s, 3) == (3, {2: 0, 3: 1, 6: 4}, [])
+
+
+def test_holders_whose_abort_names_the_tag_in_flight_restore_it_without_a_rollback():
+    """The exchange of tag 3 completed before the last stage died: its holders' `Abort`s name 3
+    (`Abort.snapshot`), so the recovery starts from 3 itself; a holder whose exchange failed
+    names 2, and 3 stays out of reach where its copy is needed."""
+    s = snapped(0, failed_at=3)
+    for d in (0, 1, 4):
+        s.certify(0, d, 3)
+    s.certify(0, 5, 2)
+    assert point(s, 3) == (3, {2: 0, 3: 1, 6: 4}, [])  # 2, 3 from 0, 1 (7's copy on 5 not needed)
+    s = snapped(0, failed_at=3)
+    for d in (0, 4, 5):
+        s.certify(0, d, 3)
+    s.certify(0, 1, 2)  # TP rank 1 of stage 1 (3's and 7's copies on 1 and 5): 7's on 5 covers it
+    assert point(s, 3) == (3, {2: 0, 6: 4, 7: 5}, [])
+    s = snapped(0, failed_at=3)
+    s.certify(0, 0, 3)
+    s.certify(0, 4, 3)
+    s.certify(0, 1, 2)
+    s.certify(0, 5, 2)  # no holder of TP rank 1 has 3: rollback to 2
+    assert point(s, 3)[0] == 2
 
 
 def test_the_generation_start_is_complete_and_nothing_before_it_is_kept():
@@ -62,5 +84,5 @@ def test_a_generation_left_for_the_next_one_and_an_earlier_rewind():
     s.leave(0, 5)
     assert point(s, 4)[0] == 4
     for d in SURVIVORS:
-        s.reach(0, d, 5)
+        s.certify(0, d, 5)
     assert point(s, 5)[0] == 5 and point(s, 4)[0] == 4

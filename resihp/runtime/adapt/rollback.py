@@ -2,15 +2,21 @@
 
 The snapshot exchange is off the critical path (`state/snapshot.py`): the snapshots of the state
 committed before iteration t (tag t) are exchanged while t computes, and a member waits for its
-exchange only at t's STEP, before it reports `Reached` (and at the start of a generation, before its
-first iteration). So the commit protocol alone tells the controller which snapshots are complete:
+exchange only at t's STEP, before it reports `Reached`, at the start of a generation, before its
+first iteration, and when it leaves a failed iteration, before it reports `Abort`. So the members'
+reports tell the controller which snapshots are complete (`Snapped.certify`, the one place that
+learns it):
 
 * tag t of generation g is complete at a member of g once it reported `Reached` for t in g, or
-  when t is g's start (its join waited for that exchange);
+  an `Abort` of g naming t (`Abort.snapshot`: the newest tag it holds complete), or when t is g's
+  start (its join waited for that exchange);
 * every tag up to the last iteration committed in g is complete at every plan device of g.
 
-A death while t computes can thus leave a lost device's tag-t snapshot incomplete (its holder never
-reached t's STEP: the pipeline needs the lost stage). Every member keeps, of each generation it
+A death while t computes can thus leave a lost device's tag-t snapshot incomplete: its holder never
+reached t's STEP (the pipeline needs the lost stage), and its exchange of t failed (the lost device
+died before its copy arrived), so its `Abort` names t - 1. When the exchange completed before the
+death — the usual case: it runs while t computes — the holder's `Abort` names t and the recovery
+starts from t itself, nothing re-run. Every member keeps, of each generation it
 leaves (`member.held`), its worker's state at the iteration it left at (L) and, with snapshots, the
 two newest complete tags (its own shard's copy and the snapshots it holds; `snapshot.Keeper`). The
 recovery (`recovery.plan_after_stop`) takes the newest of L, L - 1 (not before the generation's
@@ -33,12 +39,14 @@ class Snapped:
     def __init__(self, bodies: dict) -> None:
         self.bodies = bodies
         self.left: dict[int, int] = {}  # generation -> the iteration a failure ended it at
-        self.reached: dict[int, dict[int, int]] = {}  # generation -> device -> newest iteration reached
+        self.reached: dict[int, dict[int, int]] = {}  # generation -> device -> newest tag certified
 
-    def reach(self, generation: int, device: int, it: int) -> None:
-        """`device` reported `Reached` for `it` in `generation`: its tag-`it` exchange completed."""
+    def certify(self, generation: int, device: int, tag: int) -> None:
+        """`device` holds the complete snapshots of `tag` (and keeps the one before) in
+        `generation`: it reported `Reached` for `tag` (its STEP waited for that exchange) or an
+        `Abort` naming `tag` (the newest exchange it completed)."""
         got = self.reached.setdefault(generation, {})
-        got[device] = max(got.get(device, it), it)
+        got[device] = max(got.get(device, tag), tag)
 
     def leave(self, generation: int, it: int) -> None:
         """A failure ended `generation` while `it` was in flight (the first one counts)."""
@@ -59,8 +67,9 @@ class Snapped:
 
     def complete(self, generation: int, t: int, device: int, joined, it: int) -> bool:
         """Whether `device` (a member that completed the join of `generation`: `joined`) holds the
-        complete snapshots of tag `t` there: `t` is its start, or `device` reached t's STEP (every
-        device did for a committed t)."""
+        complete snapshots of tag `t` there: `t` is its start, or `device` certified t or a later
+        tag (`certify`: it reached t's STEP — every device did for a committed t — or its `Abort`
+        named it)."""
         got = self.reached.get(generation, {}).get(device, -1)
         committed = t < self.last(generation, it)
         return device in joined and (t == self.bodies[generation].start or committed or got >= t)

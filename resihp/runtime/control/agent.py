@@ -34,6 +34,7 @@ their members by pid when it fences them).
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import multiprocessing.forkserver as forkserver
 import os
@@ -41,6 +42,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from .liveness import HEARTBEAT_S, Liveness
 from .pids import WATCH_S, kill_tree, orphaned, running
@@ -123,6 +125,10 @@ def agent_main(
     ctx.set_forkserver_preload(MEMBER_PRELOAD)
     forkserver.ensure_running()  # it preloads torch while this process imports its store client
     load_quietly(user_level)  # the agent's own reconnect attempts say nothing (`fenced` says one line)
+    # torch's objects, frozen out of the collector: a full collection over them held this process's
+    # GIL, and its heartbeat thread with it, for 0.2-0.8 s at load average 9-23 on 2 cores (as
+    # the members do: `preload.py`)
+    gc.freeze()
     commands, beats, results = transport.commands(node), transport.beats(node), transport.inbox()
     procs: dict = {}  # device -> its current member process
     last: dict[int, float] = {}  # device -> arrival of its current process's last heartbeat
@@ -256,9 +262,11 @@ class Agents:
         timeout_s: float,
         start_timeout_s: float,
         controller_timeout_s: float = CONTROLLER_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`transport`: the store's channels; `controller_timeout_s`: the agents' (`agent_main`)."""
-        self.transport, self.per = transport, devices_per_node
+        """`transport`: the store's channels; `controller_timeout_s`: the agents' (`agent_main`);
+        `clock`: the liveness clock (the controller's `liveness.ListeningClock`)."""
+        self.transport, self.per, self.clock = transport, devices_per_node, clock
         self.controller_timeout_s = controller_timeout_s
         self.ctx = mp.get_context("spawn")  # a fresh interpreter: the agent never imports the model
         self.procs: dict = {}  # node -> its agent process
@@ -281,7 +289,7 @@ class Agents:
                 proc.start()
             self.procs[node] = proc
             self.pids.append(proc.pid)
-            self.liveness.spawn(node, time.monotonic())
+            self.liveness.spawn(node, self.clock())
         self.pid.pop(device, None)
         self.code[device] = None
         self.transport.commands(node).send(Spawn(device, blob))

@@ -347,7 +347,7 @@ class Controller:
         self.barrier.arrive(msg.generation, msg.device)
 
     def on_abort(self, msg: Abort) -> None:
-        self.fails.abort(msg.generation, msg.device, msg.error, self.gen)
+        self.fails.abort(msg.generation, msg.device, msg.error, self.gen, msg.snapshot)
 
     def on_joined(self, msg: Joined) -> None:
         g = msg.generation
@@ -358,7 +358,7 @@ class Controller:
             self.log.emit(transfer_event(self.it, g, got))
 
     def on_reached(self, msg: Reached) -> None:
-        self.fails.snapped.reach(msg.generation, msg.device, msg.iter)  # (its `iter` snapshots: complete)
+        self.fails.snapped.certify(msg.generation, msg.device, msg.iter)  # (its `iter` snapshots: complete)
         if msg.generation == self.gen and self.fails.open is None:  # (a failure: `it` is aborted already)
             self.reached[msg.device] = msg
             if set(self.reached) == set(self.cur.devices()):

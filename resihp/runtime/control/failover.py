@@ -102,8 +102,11 @@ class Failover:
             starting=set(members) - barrier.seen,
         )
 
-    def abort(self, generation: int, device: int, error: str, current: int) -> None:
-        """A member reported an `Abort` of `generation` (`current`: the latest published)."""
+    def abort(self, generation: int, device: int, error: str, current: int, snapshot: int | None) -> None:
+        """A member reported an `Abort` of `generation` (`current`: the latest published); it holds
+        the complete snapshots of tag `snapshot` there (None: no snapshots)."""
+        if snapshot is not None:
+            self.snapped.certify(generation, device, snapshot)
         self.noticed.setdefault(generation, {})[device] = error[:200]
         if generation == current and self.open is None:  # (an open failure: its abort is written)
             self.aborts[device] = error

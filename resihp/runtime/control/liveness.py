@@ -9,7 +9,8 @@ Torch-free; the controller (`controller.py`, `processes.py`) judges, members and
   an `AgentBeat`, every `HEARTBEAT_S`. The controller reads its channel through an `Inbox`, which
   takes every message that has arrived before handing one out and applies the agents' reports at
   once (`agent_beat` feeds a `Liveness` for the members and one for the agents): silence is judged
-  on current data even right after the controller itself was busy (a replan, a checkpoint). A
+  on current data even right after the controller itself was busy (a replan, a checkpoint), and
+  on the `ListeningClock`, which leaves out the controller's own pauses. A
   member silent for `timeout_s` after its first beat is *hung* (its agent SIGKILLs it on the
   controller's command, and its death is a fail-stop); one with no first beat `start_timeout_s`
   after its spawn never started (the job fails). A silent agent is a dead node.
@@ -36,6 +37,30 @@ HEARTBEAT_TIMEOUT_S = 3.0  # default `run.heartbeat_timeout_s`: silence after wh
 # to well under the gloo timeout (`member.PG_TIMEOUT_S`, 120 s), which heartbeats must beat
 HEARTBEAT_TIMEOUT_RANGE_S = (1.0, 60.0)
 START_TIMEOUT_S = 60.0  # a spawned member's first heartbeat must come within this (workers import torch)
+LISTEN_GAP_S = 2 * HEARTBEAT_S  # a pause of the controller's own longer than this counts as this long
+
+
+class ListeningClock:
+    """The controller's liveness clock: `clock()` (monotonic seconds) less the time it was not
+    listening. A gap between two readings longer than `gap_s` — the controller itself paused: a full
+    garbage collection over torch's objects, its CPU taken on a loaded machine, a long handler —
+    advances it by `gap_s` only. A loaded machine pauses the agents together with the controller
+    (at start-up, 8 members building groups on 2 cores): their beats resume when it does, and a
+    silence that nobody was there to hear is not judged; a silence that goes on while the
+    controller listens is, after `timeout_s` of listening. Readings: every turn of the controller
+    (`Processes.check_alive`) and every report it applies."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, gap_s: float = LISTEN_GAP_S) -> None:
+        self.clock, self.gap_s = clock, gap_s
+        self.last: float | None = None  # the previous raw reading
+        self.skipped = 0.0  # seconds of gaps beyond `gap_s`, summed
+
+    def __call__(self) -> float:
+        raw = self.clock()
+        if self.last is not None and raw - self.last > self.gap_s:
+            self.skipped += raw - self.last - self.gap_s
+        self.last = raw
+        return raw - self.skipped
 
 
 class Liveness:

@@ -255,7 +255,7 @@ def _run(
                 guard.at(None)
             _saved(saver, results, device)
             _teardown(nccl, True, abort, on_hang)
-            results.send(Abort(device, g, it, failed))
+            results.send(Abort(device, g, it, failed, None))  # (g is no transfer source: not joined)
             gen = board.generation(g + 1)
             continue
         init = None
@@ -373,7 +373,8 @@ def _iterate(
             failed = f"{type(e).__name__}: {e}"[:300]
         if failed is not None:
             worker.opt.zero_grad(set_to_none=True)
-            results.send(Abort(device, g, it, failed))
+            tag = None if keeper is None else keeper.newest()  # (which snapshots a recovery may use)
+            results.send(Abort(device, g, it, failed, tag))
             return "abort", it
         if keeper is not None:  # what waiting for the snapshot cost this iteration's main thread
             record["snapshot_wait_s"] = keeper.take_wait()

@@ -10,7 +10,9 @@ the verdicts (`check_alive`) and the members that died (`dead`):
 * Liveness (`liveness.py`): every member beats every 0.25 s (through its agent); one silent for
   `heartbeat_timeout_s` is hung (a frozen process, a hung device) and its agent SIGKILLs it — its
   sockets close, so peers blocked in a collective with it fail at once — and from then on it is a
-  fail-stop (`"cause": "heartbeat"`; a process that exited by itself: `"cause": "exit"`). A member
+  fail-stop (`"cause": "heartbeat"`; a process that exited by itself: `"cause": "exit"`). Silence
+  counts on the `liveness.ListeningClock`: a pause of the controller itself is not a silence of
+  the agents paused with it. A member
   with no first heartbeat within `start_timeout_s` of its spawn fails the job (`WorkerFailed`). An
   agent that exits or is silent for `heartbeat_timeout_s` is a dead node: every device of it is a
   fail-stop (`"cause": "node"`).
@@ -24,7 +26,7 @@ from collections.abc import Callable, Mapping
 from ..job import WorkerFailed
 from .agent import Agents
 from .hosting import Hosting
-from .liveness import Inbox, Liveness, agent_beat
+from .liveness import Inbox, ListeningClock, Liveness, agent_beat
 from .protocol import ABORT_HUNG_EXIT, FROM_MEMBER, TO_CONTROLLER, AgentBeat, Dispatch, Kind
 from .remote import RemoteAgents
 from .transport import Channel, Transport
@@ -33,7 +35,8 @@ from .transport import Channel, Transport
 class Processes:
     """One agent per node (`agent.Agents`), the members' `liveness`, the `inbox` of their messages
     and the `dispatch` table. `handlers`: the controller's, one per member message kind
-    (`protocol.FROM_MEMBER`); `results`: the controller's inbox channel; `clock`: the liveness clock.
+    (`protocol.FROM_MEMBER`); `results`: the controller's inbox channel; `clock`: the raw clock of
+    the liveness (`ListeningClock` leaves the controller's own pauses out of it).
 
     `done`: devices whose member said done; `stopping`: device -> wall-clock time its member stopped
     (its own `Stopping` report, or silent since, for one killed); `killed`: device -> why the
@@ -52,14 +55,17 @@ class Processes:
         clock: Callable[[], float] = time.monotonic,
         hosting: Hosting | None = None,
     ) -> None:
-        self.liveness, self.start_timeout_s, self.clock = liveness, start_timeout_s, clock
+        self.liveness, self.start_timeout_s = liveness, start_timeout_s
+        self.clock = clock = ListeningClock(clock)  # (members' and agents' liveness alike)
         self.hosting = hosting = hosting or Hosting()
         if hosting.nodes is None:  # the embedded agents: forked on this host as nodes get members
             self.agents = Agents(
-                transport, devices_per_node, timeout_s, start_timeout_s, hosting.controller_timeout_s
+                transport, devices_per_node, timeout_s, start_timeout_s, hosting.controller_timeout_s, clock
             )
         else:
-            self.agents = RemoteAgents(transport, devices_per_node, timeout_s, start_timeout_s, hosting.nodes)
+            self.agents = RemoteAgents(
+                transport, devices_per_node, timeout_s, start_timeout_s, hosting.nodes, clock
+            )
         assert set(handlers) == FROM_MEMBER, sorted(k.value for k in handlers)
         own = {
             Kind.AGENT: self.on_agent,

@@ -129,13 +129,17 @@ class Record:
 @_message(Kind.ABORT)
 class Abort:
     """The member left `generation` at iteration `iter`: a collective failed (a peer died) or the
-    controller aborted; `error` says which."""
+    controller aborted; `error` says which. `snapshot`: with snapshots, the newest tag it holds
+    complete — its own copy and the snapshots it keeps for others (it waited for its exchange in
+    flight before reporting) — else None; the recovery restores from it where it covers, without
+    a rollback (`adapt/rollback.Snapped`)."""
 
     kind: ClassVar[Kind]
     device: int
     generation: int
     iter: int
     error: str
+    snapshot: int | None
 
 
 @_message(Kind.ERROR)

@@ -34,9 +34,10 @@ class RemoteAgents(Agents):
     """`nodes` agents that register themselves (node ranks 0..nodes-1)."""
 
     def __init__(
-        self, transport, devices_per_node: int, timeout_s: float, start_timeout_s: float, nodes: int
-    ):
-        super().__init__(transport, devices_per_node, timeout_s, start_timeout_s)
+        self, transport, devices_per_node: int, timeout_s: float, start_timeout_s: float, nodes: int,
+        clock=time.monotonic,
+    ):  # fmt: skip
+        super().__init__(transport, devices_per_node, timeout_s, start_timeout_s, clock=clock)
         self.nodes = nodes
         self.live: set[int] = set()  # nodes whose agent is admitted and not declared dead
         self.admitted = False
@@ -44,10 +45,10 @@ class RemoteAgents(Agents):
     def admit(self, drain, wait_s: float) -> None:
         """Wait up to `wait_s` until every node's agent has beaten; `drain(timeout_s)` reads the
         inbox (its `AgentBeat`s reach `self.liveness`)."""
-        now = time.monotonic()
+        now = self.clock()
         for node in range(self.nodes):
             self.liveness.spawn(node, now)
-        deadline = now + wait_s
+        deadline = time.monotonic() + wait_s
         while True:
             missing = [n for n in range(self.nodes) if n not in self.liveness.last]
             if not missing or time.monotonic() >= deadline:
@@ -66,7 +67,7 @@ class RemoteAgents(Agents):
     def spawn(self, device: int, blob: bytes) -> None:
         node = self.node_of(device)
         if node not in self.live:  # a dead node: its restarted agent must come within the start timeout
-            self.liveness.spawn(node, time.monotonic())
+            self.liveness.spawn(node, self.clock())
             self.live.add(node)
         self.pid.pop(device, None)
         self.code[device] = None

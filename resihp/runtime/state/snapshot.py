@@ -15,9 +15,10 @@ two devices), so the main thread's collectives on the generation's groups never 
 it. The exchange of the state committed before iteration t (tag t) runs while t computes: the
 main thread waits for it (`Keeper.settle`) only at t's STEP, before it reports `Reached` — so the
 optimizer step never changes a tensor the copy still reads, and the commit of t certifies tag t
-complete on every plan device — and before it leaves the generation; the one at a generation's
-start is waited for in the join. A death while t computes may take a snapshot of tag t along
-before it arrived (its holder never reaches t's STEP); the recovery then rolls back by one
+complete on every plan device — and before it leaves the generation, so that its `Abort` names
+the newest tag it holds complete (`Keeper.newest`); the one at a generation's start is waited for
+in the join. A death while t computes may take a snapshot of tag t along before it arrived (its
+holder never reaches t's STEP, and its `Abort` names t - 1); the recovery then rolls back by one
 iteration, to tag t - 1 (`adapt/rollback.py`): every member keeps the two newest complete tags,
 its own shard's host copy and the snapshots it holds of each. Every snapshot is tagged with the
 iteration it is the committed state before (`Holding.at`); an exchange a death interrupted keeps
@@ -156,6 +157,11 @@ class Keeper:
         for old in sorted(self.kept)[:-2]:
             del self.kept[old]
         return True
+
+    def newest(self) -> int | None:
+        """Wait for the exchange in flight; the newest tag kept complete (None: none)."""
+        self.settle()
+        return max(self.kept, default=None)
 
     def take_wait(self) -> float:
         """The main thread's seconds waiting for the side thread since the last call."""
