@@ -113,6 +113,8 @@ class OnlineDetector:
         """A new generation: new work per device, new fits, new series."""
         c = self.config
         self.plan, self.classes, self.seen = plan, work_classes(plan), 0
+        self.group = {dev: (r, i) for r, stages in enumerate(plan.replicas) for i, st in enumerate(stages)
+                      for dev in st.devices}  # fmt: skip
         self.mtp = OnlineMTP(c.keep)
         self.fit_members: dict[tuple, set[int]] = {}
         self.baked: dict[int, float] = {}  # device -> the speed its own fit holds (wall)
@@ -249,17 +251,19 @@ class OnlineDetector:
         """device -> the `quantile` of predicted ÷ measured over its working chunks with a prediction."""
         return {d: float(np.nanquantile(r, self.config.quantile)) for d, r in self._ratios(chunks).items()}
 
-    def _references(self, devices) -> dict[int, list[int]]:
+    def _references(self, devices, partners: bool = False) -> dict[int, list[int]]:
         """device -> the devices it is measured against: its healthy class peers, or every other
         healthy device when it has none (healthy: not known slow, not taken out at the warm-up). A
         known-slow peer is no reference: its estimate may be off, and a second device would
-        inherit the error."""
+        inherit the error. With `partners`, the healthy class peers of its own TP group first
+        (the same micro-batches at the same moments, `_chunk_speeds`)."""
         pool = [d for d in devices if d not in self.known and d not in self.excluded]
         out = {}
         for d in devices:
             cls = self.classes.get(d)
             peers = [p for p in pool if p != d and self.classes.get(p) == cls]
-            out[d] = peers or [p for p in pool if p != d]
+            near = [p for p in peers if self.group.get(p) == self.group.get(d)] if partners else []
+            out[d] = near or peers or [p for p in pool if p != d]
         return out
 
     def _speeds(self, resid: Mapping[int, float]) -> dict[int, float]:
@@ -271,16 +275,16 @@ class OnlineDetector:
         return out
 
     def _chunk_speeds(self, chunks: Mapping[int, Chunks]) -> dict[int, np.ndarray]:
-        """device -> its chunk-by-chunk speeds against each reference (`_references`): chunk j's
-        predicted ÷ measured over the reference's for its chunk j (a class peer runs the same
-        schedule: the same kind at the same step, in a TP partner the same micro-batch at the same
-        moment, so the load of that moment and the prediction's error for that micro-batch
-        cancel), or over the reference's median chunk when their schedules differ. The severity is
-        the median of these over the suspect iterations: ~24 chunks x 3 references, robust to
-        the chunks that waited for a core."""
+        """device -> its chunk-by-chunk speeds against each reference (`_references`, TP partners
+        first): chunk j's predicted ÷ measured over the reference's for its chunk j (a class peer
+        runs the same schedule; a TP partner the same micro-batch at the same moment, in lockstep,
+        so the prediction's error for that micro-batch and the load of that moment cancel: live,
+        such pairs spread ±15 % where chunks against the other replica's spread ±35 %), or over
+        the reference's median chunk when their schedules differ. The severity is their median
+        over the suspect iterations (~24 chunk pairs: robust to the chunks that waited for a core)."""
         ratios = self._ratios(chunks)
         out = {}
-        for d, peers in self._references(ratios).items():
+        for d, peers in self._references(ratios, partners=True).items():
             own, kinds = ratios[d], chunks[d].kinds
             vals = []
             for p in peers:
