@@ -31,8 +31,13 @@ Per Plan generation, fed one committed iteration at a time (`OnlineDetector.obse
   r < `cut` (slower than its own prediction, not only than peers that happen to run fast). Suspect
   in `persistence` of the last `persistence + tolerate` iterations (3 of 4: one noisy iteration
   neither blames nor hides a slow device, which is still reported in its third slow iteration) →
-  `fail-slow`, severity = median s over its suspect ones (the wall time speed p: what the job
-  loses; busy-wait injection makes compute t/p). A confirmed change point of the iteration time's
+  `fail-slow`. Severity (the wall-time speed p: what the job loses; busy-wait injection makes
+  compute t/p): the median, over its suspect iterations' chunks, of each chunk's predicted ÷
+  measured over that of the same chunk of a healthy TP partner (`_chunk_speeds`; no TP partner:
+  the class peers', no peer: every other healthy device's median chunk). Partners run the same
+  micro-batch at the same moment in lockstep, so the prediction's error for that micro-batch and
+  the load of that moment cancel (live: 1-4 % off where the median of 3 per-iteration s was
+  2-28 % off; docs/detector.md). A confirmed change point of the iteration time's
   observed ÷ predicted series (`ResiHPDetector`, normalize mode) shortens the persistence by one:
   the alarm already confirms that something changed.
 * **ITP**: `detect.itp.ITP`, the one DAG evaluator, on the fitted rows (a TP group at its slowest
