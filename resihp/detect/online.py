@@ -36,10 +36,10 @@ Per Plan generation, fed one committed iteration at a time (`OnlineDetector.obse
   measured over that of the same chunk of a healthy TP partner (`_chunk_speeds`; no TP partner:
   the class peers', no peer: every other healthy device's median chunk). Partners run the same
   micro-batch at the same moment in lockstep, so the prediction's error for that micro-batch and
-  the load of that moment cancel (live: 1-4 % off where the median of 3 per-iteration s was
-  2-28 % off; docs/detector.md). A confirmed change point of the iteration time's
-  observed ÷ predicted series (`ResiHPDetector`, normalize mode) shortens the persistence by one:
-  the alarm already confirms that something changed.
+  the load of that moment cancel (10 live runs: 0.2-8.5 % off, median 2.9 %, where the median of
+  3 per-iteration s was 2-29 % off, median 11.5 %; docs/detector.md). A confirmed change point
+  of the iteration time's observed ÷ predicted series (`ResiHPDetector`, normalize mode)
+  shortens the persistence by one: the alarm already confirms that something changed.
 * **ITP**: `detect.itp.ITP`, the one DAG evaluator, on the fitted rows (a TP group at its slowest
   member's class), scaled online (`detect.itp.ITPScale`): × the median observed ÷ DAG of the
   generation's last `itp_keep` calm iterations (no device suspect, no report; the DAG misses idle
