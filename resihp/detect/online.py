@@ -31,10 +31,15 @@ Per Plan generation, fed one committed iteration at a time (`OnlineDetector.obse
   r < `cut` (slower than its own prediction, not only than peers that happen to run fast). Suspect
   in `persistence` of the last `persistence + tolerate` iterations (3 of 4: one noisy iteration
   neither blames nor hides a slow device, which is still reported in its third slow iteration) →
-  `fail-slow`, severity = median s over its suspect ones (the wall time speed p: what the job
-  loses; busy-wait injection makes compute t/p). A confirmed change point of the iteration time's
-  observed ÷ predicted series (`ResiHPDetector`, normalize mode) shortens the persistence by one:
-  the alarm already confirms that something changed.
+  `fail-slow`. Severity (the wall-time speed p: what the job loses; busy-wait injection makes
+  compute t/p): the median, over its suspect iterations' chunks, of each chunk's predicted ÷
+  measured over that of the same chunk of a healthy TP partner (`_chunk_speeds`; no TP partner:
+  the class peers', no peer: every other healthy device's median chunk). Partners run the same
+  micro-batch at the same moment in lockstep, so the prediction's error for that micro-batch and
+  the load of that moment cancel (10 live runs: 0.2-8.5 % off, median 2.9 %, where the median of
+  3 per-iteration s was 2-29 % off, median 11.5 %; docs/detector.md). A confirmed change point
+  of the iteration time's observed ÷ predicted series (`ResiHPDetector`, normalize mode)
+  shortens the persistence by one: the alarm already confirms that something changed.
 * **ITP**: `detect.itp.ITP`, the one DAG evaluator, on the fitted rows (a TP group at its slowest
   member's class), scaled online (`detect.itp.ITPScale`): × the median observed ÷ DAG of the
   generation's last `itp_keep` calm iterations (no device suspect, no report; the DAG misses idle
@@ -113,6 +118,8 @@ class OnlineDetector:
         """A new generation: new work per device, new fits, new series."""
         c = self.config
         self.plan, self.classes, self.seen = plan, work_classes(plan), 0
+        self.group = {dev: (r, i) for r, stages in enumerate(plan.replicas) for i, st in enumerate(stages)
+                      for dev in st.devices}  # fmt: skip
         self.mtp = OnlineMTP(c.keep)
         self.fit_members: dict[tuple, set[int]] = {}
         self.baked: dict[int, float] = {}  # device -> the speed its own fit holds (wall)
@@ -159,7 +166,7 @@ class OnlineDetector:
             if self.cpd.observe(it, iteration_s, predicted) is not None:
                 self.alarms.append(it)
                 self.last_alarm = it
-        reports = self._decide(it, resid, speed, judge if cpu else None)
+        reports = self._decide(it, resid, speed, judge if cpu else None, self._chunk_speeds(chunks))
         if reports:  # a new state of the job: the scale starts over
             self.scale.clear()
         elif dag is not None and not self.flags:  # calm: nobody suspect
@@ -235,28 +242,62 @@ class OnlineDetector:
                     out[d] = float(pred[ok].sum()) / ch.cpu_s
         return out
 
-    def _residuals(self, chunks: Mapping[int, Chunks]) -> dict[int, float]:
-        """device -> the `quantile` of predicted ÷ measured over its working chunks with a prediction."""
+    def _ratios(self, chunks: Mapping[int, Chunks]) -> dict[int, np.ndarray]:
+        """device -> predicted ÷ measured of each of its chunks (NaN: did no work, or no prediction)."""
         out = {}
         for d, ch in chunks.items():
             pred = self.mtp.predict(self.classes.get(d), ch)
             ok = (ch.measured >= self.config.min_chunk_s) & (pred > 0)
             if ok.any():
-                out[d] = float(np.quantile(pred[ok] / ch.measured[ok], self.config.quantile))
+                out[d] = np.where(ok, pred / np.where(ok, ch.measured, 1.0), np.nan)
+        return out
+
+    def _residuals(self, chunks: Mapping[int, Chunks]) -> dict[int, float]:
+        """device -> the `quantile` of predicted ÷ measured over its working chunks with a prediction."""
+        return {d: float(np.nanquantile(r, self.config.quantile)) for d, r in self._ratios(chunks).items()}
+
+    def _references(self, devices, partners: bool = False) -> dict[int, list[int]]:
+        """device -> the devices it is measured against: its healthy class peers, or every other
+        healthy device when it has none (healthy: not known slow, not taken out at the warm-up). A
+        known-slow peer is no reference: its estimate may be off, and a second device would
+        inherit the error. With `partners`, the healthy class peers of its own TP group first
+        (the same micro-batches at the same moments, `_chunk_speeds`)."""
+        pool = [d for d in devices if d not in self.known and d not in self.excluded]
+        out = {}
+        for d in devices:
+            cls = self.classes.get(d)
+            peers = [p for p in pool if p != d and self.classes.get(p) == cls]
+            near = [p for p in peers if self.group.get(p) == self.group.get(d)] if partners else []
+            out[d] = near or peers or [p for p in pool if p != d]
         return out
 
     def _speeds(self, resid: Mapping[int, float]) -> dict[int, float]:
-        """device -> r ÷ the median r of its healthy class peers, or of every other healthy device
-        when it has none (healthy: not known slow, not taken out at the warm-up). A known-slow peer
-        is no reference: its estimate may be off, and a second device would inherit the error."""
-        pool = {d: r for d, r in resid.items() if d not in self.known and d not in self.excluded}
+        """device -> r ÷ the median r of its references (`_references`)."""
         out = {}
-        for d, r in resid.items():
-            cls = self.classes.get(d)
-            peers = [v for p, v in pool.items() if p != d and self.classes.get(p) == cls]
-            peers = peers or [v for p, v in pool.items() if p != d]
-            ref = float(np.median(peers)) if peers else 1.0
-            out[d] = r / ref if ref > 0 else 1.0
+        for d, peers in self._references(resid).items():
+            ref = float(np.median([resid[p] for p in peers])) if peers else 1.0
+            out[d] = resid[d] / ref if ref > 0 else 1.0
+        return out
+
+    def _chunk_speeds(self, chunks: Mapping[int, Chunks]) -> dict[int, np.ndarray]:
+        """device -> its chunk-by-chunk speeds against each reference (`_references`, TP partners
+        first): chunk j's predicted ÷ measured over the reference's for its chunk j (a class peer
+        runs the same schedule; a TP partner the same micro-batch at the same moment, in lockstep,
+        so the prediction's error for that micro-batch and the load of that moment cancel: live,
+        such pairs spread ±15 % where chunks against the other replica's spread ±35 %), or over
+        the reference's median chunk when their schedules differ. The severity is their median
+        over the suspect iterations (~24 chunk pairs: robust to the chunks that waited for a core)."""
+        ratios = self._ratios(chunks)
+        out = {}
+        for d, peers in self._references(ratios, partners=True).items():
+            own, kinds = ratios[d], chunks[d].kinds
+            vals = []
+            for p in peers:
+                ref = ratios[p]
+                same = chunks[p].kinds.shape == kinds.shape and bool((chunks[p].kinds == kinds).all())
+                vals.append(own / (ref if same else np.nanmedian(ref)))
+            v = np.concatenate(vals) if vals else own
+            out[d] = v[np.isfinite(v) & (v > 0)]
         return out
 
     # ------------------------------------------------------------------ the iteration time
@@ -300,11 +341,13 @@ class OnlineDetector:
         return {d for d, win in self.flags.items() if any(f == "slow" for f, _, _ in win)}
 
     def _decide(
-        self, it: int, resid: dict[int, float], speed: dict[int, float], cpu: dict[int, float] | None
-    ) -> list[FailureReport]:
-        """Who is slow, who is back. `speed`: from chunk wall times (the severity: what the job
-        loses); `cpu`: from CPU time where measured (who is slow: far less noisy on shared cores),
-        else the decision takes `speed` and the own-prediction check r < cut. A known-slow device
+        self, it: int, resid: dict[int, float], speed: dict[int, float], cpu: dict[int, float] | None,
+        chunk_speeds: dict[int, np.ndarray],
+    ) -> list[FailureReport]:  # fmt: skip
+        """Who is slow, who is back, how slow. `speed`: from the fast chunks' wall times; `cpu`:
+        from CPU time where measured (who is slow: far less noisy on shared cores), else the
+        decision takes `speed` and the own-prediction check r < cut; `chunk_speeds` (wall time:
+        what the job loses): the severity, their median over the suspect iterations. A known-slow device
         is judged against the judged speed it was reported at (`judged_at`: CPU and wall speeds
         differ under an injected busy-wait on oversubscribed cores)."""
         c = self.config
@@ -312,7 +355,8 @@ class OnlineDetector:
         out = []
         for d, s in sorted(speed.items()):
             on_cpu = cpu is not None and d in cpu
-            wall = s * self.baked.get(d, 1.0)
+            own = chunk_speeds.get(d)
+            wall = (own if own is not None and own.size else np.array([s])) * self.baked.get(d, 1.0)
             judged = (cpu[d] if on_cpu else s) * self.baked_judged.get(d, 1.0)
             known = self.known.get(d)
             if known is None:
@@ -330,7 +374,7 @@ class OnlineDetector:
             run = [(w, j) for f, w, j in win if f == flag] if flag else []
             if len(run) < (c.persistence if back else need):
                 continue
-            est = min(float(np.median([w for w, _ in run])), 1.0)
+            est = min(float(np.median(np.concatenate([w for w, _ in run]))), 1.0)
             self.flags.pop(d)
             if back:
                 self.known.pop(d)
