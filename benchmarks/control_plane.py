@@ -17,7 +17,12 @@ Measured, per n, over `--iterations` commits:
   server thread, which runs in the controller's process) divided by the iterations; and the
   loop's share alone (`loop_cpu_ms_per_iter`: this thread's CPU time), the rest being the server's;
 * controller memory: resident set after the members connected and after the last iteration, and
-  the store's key count (one decision key per iteration: the growth that stays).
+  the store's key count (one decision key per iteration: the growth that stays);
+* store requests (`requests`): every call on a store client, counted per sender role and op, per
+  iteration (`controller`: its inbox reads and decisions; `member`: the `Reached` append and the
+  decision read; `beat`: the heartbeat thread; `agent`: its pops and `AgentBeat`s) — a blocking
+  `get` is two requests on the wire (the c10d client sends a wait, then the get);
+  `requests_per_iter` sums them, `get` counted twice.
 
 With `--records stream` (or `keep`) each member also sends, after each decision, a trace record of
 realistic size (`--microbatches`, default 64: its F/B/W/SEND/RECV rows and received blocks, about
@@ -45,10 +50,12 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from resihp.core.trace_format import InstrRow, LinkRow, record_to_json  # noqa: E402
+from resihp.runtime.control import transport as transport_mod  # noqa: E402
 from resihp.runtime.control.liveness import HEARTBEAT_S, Inbox  # noqa: E402
 from resihp.runtime.control.protocol import (  # noqa: E402
     AgentBeat,
@@ -71,6 +78,47 @@ def _rss_mb() -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+WIRE = {"get": 2}  # a blocking get: the c10d client's wait request, then the get
+
+
+class Counted:
+    """A store client whose every call counts under (this thread's role, op) in `counts` (the
+    role: the thread's name up to its first '-')."""
+
+    def __init__(self, store, counts: Counter) -> None:
+        self.store, self.counts = store, counts
+
+    def __getattr__(self, op: str):
+        call = getattr(self.store, op)
+
+        def counted(*args):
+            self.counts[threading.current_thread().name.split("-")[0], op] += 1
+            return call(*args)
+
+        return counted
+
+
+_STORE_OP = transport_mod._store_op
+
+
+def count_transport(counts: Counter) -> None:
+    """Count every call of this process's transport channels on their store client (`Counted`),
+    in `counts` alone (a later call replaces an earlier one)."""
+    op = _STORE_OP
+
+    def counted(host, port, name, *args):
+        counts[threading.current_thread().name.split("-")[0], name] += 1
+        return op(host, port, name, *args)
+
+    transport_mod._store_op = counted
+
+
+def per_iteration(counts: Counter, iterations: int) -> tuple[dict, float]:
+    """(`role.op` -> calls per iteration, wire requests per iteration)."""
+    calls = {f"{r}.{op}": round(c / iterations, 2) for (r, op), c in sorted(counts.items())}
+    return calls, sum(c * WIRE.get(op, 1) for (_, op), c in counts.items()) / iterations
 
 
 def fake_record(microbatches: int) -> dict:
@@ -100,11 +148,13 @@ def _members(port: int, devices: list[int], iterations: int, ready, record: dict
 
     from resihp.runtime.control.board import Board
 
-    transport = Transport("127.0.0.1", port)
+    transport, counts = Transport("127.0.0.1", port), Counter()
+    count_transport(counts)
     stop = threading.Event()
 
     def member(dev: int) -> None:
-        board = Board(dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False))
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)
+        board = Board(Counted(store, counts))
         beats, results = transport.beats(dev // PER_NODE), transport.inbox()
 
         def beat() -> None:
@@ -112,7 +162,7 @@ def _members(port: int, devices: list[int], iterations: int, ready, record: dict
                 beats.send(Heartbeat(dev, time.time(), os.getpid()))
                 stop.wait(HEARTBEAT_S)
 
-        threading.Thread(target=beat, daemon=True).start()
+        threading.Thread(target=beat, name=f"beat-{dev}", daemon=True).start()
         ready.put(dev)
         for k in range(iterations):
             results.send(Reached(dev, 0, k, (), 0.0))
@@ -135,13 +185,16 @@ def _members(port: int, devices: list[int], iterations: int, ready, record: dict
 
     nodes = sorted({d // PER_NODE for d in devices if d % PER_NODE == 0})
     for node in nodes:
-        threading.Thread(target=agent, args=(node,), daemon=True).start()
-    threads = [threading.Thread(target=member, args=(d,)) for d in devices]
+        threading.Thread(target=agent, args=(node,), name=f"agent-{node}", daemon=True).start()
+    threads = [threading.Thread(target=member, args=(d,), name=f"member-{d}") for d in devices]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     stop.set()
+    ready.put(dict(counts))
+    ready.close()
+    ready.join_thread()
     os._exit(0)
 
 
@@ -150,8 +203,11 @@ def measure(n: int, iterations: int, procs: int, records: str = "off", microbatc
 
     from resihp.runtime.control.board import Board
 
+    counts: Counter = Counter()
+    count_transport(counts)
+    threading.current_thread().name = "controller"
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    board, transport = Board(store), Transport("127.0.0.1", store.port)
+    board, transport = Board(Counted(store, counts)), Transport("127.0.0.1", store.port)
     beats_seen = []
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
@@ -180,6 +236,7 @@ def measure(n: int, iterations: int, procs: int, records: str = "off", microbatc
         else:
             kept.setdefault(msg.record["iter"], {})[msg.device] = msg.record
 
+    counts.clear()  # (the start-up's; the workers count theirs too: a few per member, in the noise)
     rss0, cpu0, loop0 = _rss_mb(), time.process_time(), time.thread_time()
     curve = [round(rss0, 1)]
     gaps, t_prev = [], time.perf_counter()
@@ -210,9 +267,12 @@ def measure(n: int, iterations: int, procs: int, records: str = "off", microbatc
         filed.close()
     trace_mb = os.path.getsize(trace.name) / 2**20
     os.unlink(trace.name)
+    for _ in workers:
+        counts.update(ready.get(timeout=60))
     for w in workers:
         w.join(60)
     transport.close()
+    calls, requests = per_iteration(counts, iterations)
     steady = sorted(gaps[1:])  # (the first one includes the members' first sends)
     return {
         "members": n,
@@ -229,6 +289,8 @@ def measure(n: int, iterations: int, procs: int, records: str = "off", microbatc
         "trace_file_mb": trace_mb,
         "store_keys": keys,
         "agent_beats": len(beats_seen),
+        "requests_per_iter": requests,
+        "requests": calls,
     }
 
 
