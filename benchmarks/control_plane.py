@@ -54,7 +54,7 @@ from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from resihp.core.trace_format import InstrRow, LinkRow, record_to_json  # noqa: E402
+from resihp.core.trace_format import InstrRow, LinkRow  # noqa: E402
 from resihp.runtime.control import transport as transport_mod  # noqa: E402
 from resihp.runtime.control.liveness import HEARTBEAT_S, Inbox  # noqa: E402
 from resihp.runtime.control.protocol import (  # noqa: E402
@@ -66,7 +66,7 @@ from resihp.runtime.control.protocol import (  # noqa: E402
     Record,
     Verdict,
 )
-from resihp.runtime.control.records import RecordStore  # noqa: E402
+from resihp.runtime.control.records import RecordStore, decode, trace_line  # noqa: E402
 from resihp.runtime.control.transport import Transport, Unreachable  # noqa: E402
 
 PER_NODE = 8
@@ -167,8 +167,9 @@ def _members(port: int, devices: list[int], iterations: int, ready, record: dict
         for k in range(iterations):
             results.send(Reached(dev, 0, k, (), 0.0))
             board.decision(0, k)
-            if record is not None:  # (a real member sends it once its step is done)
-                results.send(Record(dev, {**record, "iter": k, "device": dev}))
+            if record is not None:  # (a real member sends it once its step is done, encoded once)
+                line = trace_line({**record, "iter": k, "device": dev}).encode()
+                results.send(Record(dev, 0, k, line))
 
     def agent(node: int) -> None:
         beats, results, last = transport.beats(node), transport.inbox(), {}
@@ -232,9 +233,9 @@ def measure(n: int, iterations: int, procs: int, records: str = "off", microbatc
     def on_record(msg) -> None:
         seen[0] += 1
         if filed is not None:
-            filed.add(msg.device, msg.record, n)
-        else:
-            kept.setdefault(msg.record["iter"], {})[msg.device] = msg.record
+            filed.add(msg.device, msg.iter, msg.line, n)
+        else:  # (decoded, as the controller held them before: the dicts and rows are the memory)
+            kept.setdefault(msg.iter, {})[msg.device] = decode(msg.line)
 
     counts.clear()  # (the start-up's; the workers count theirs too: a few per member, in the noise)
     rss0, cpu0, loop0 = _rss_mb(), time.process_time(), time.thread_time()
@@ -284,7 +285,7 @@ def measure(n: int, iterations: int, procs: int, records: str = "off", microbatc
         "rss_mb_start": rss0,
         "rss_mb_end": rss1,
         "records": records,
-        "record_kb": 0.0 if record is None else len(json.dumps(record_to_json(record))) / 1024,
+        "record_kb": 0.0 if record is None else len(trace_line(record)) / 1024,
         "rss_mb_curve": curve if record is not None else [],
         "trace_file_mb": trace_mb,
         "store_keys": keys,

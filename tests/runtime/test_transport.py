@@ -48,7 +48,7 @@ def test_store_channels_keep_order_cross_processes_and_say_when_the_store_is_gon
     assert [inbox.recv(5.0) for _ in range(50)] == [Joining(i, 0) for i in range(50)]
     other = transport.commands(3)
     threads = [
-        threading.Thread(target=lambda k=k: [other.send(Record(k, {"iter": i})) for i in range(200)])
+        threading.Thread(target=lambda k=k: [other.send(Record(k, 0, i, b"{}")) for i in range(200)])
         for k in range(2)
     ]
     for t in threads:
@@ -56,8 +56,8 @@ def test_store_channels_keep_order_cross_processes_and_say_when_the_store_is_gon
     for t in threads:
         t.join()
     got = [other.recv(1.0) for _ in range(400)]
-    assert sorted((m.device, m.record["iter"]) for m in got) == [(k, i) for k in range(2) for i in range(200)]
-    assert [m.record["iter"] for m in got if m.device == 1] == list(range(200))
+    assert sorted((m.device, m.iter) for m in got) == [(k, i) for k in range(2) for i in range(200)]
+    assert [m.iter for m in got if m.device == 1] == list(range(200))
     assert other.recv() is None and inbox.recv() is None
     del store  # the controller is gone
     with pytest.raises(Unreachable):
