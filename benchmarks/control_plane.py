@@ -6,8 +6,9 @@ and, once all n members reported `Reached` for iteration k, writes `decision/0/k
 (`board.Board.decide`). The members are threads in `--procs` worker processes; each thread, as a
 real member does, sends `Reached` on the controller's channel and blocks on the decision with its
 own store client (`Board.decision`), and beats every 0.25 s on its node's heartbeat channel
-(8 devices per node); one fake agent thread per node drains those beats and sends an `AgentBeat`
-every 0.25 s — the wire's whole steady load, without a model, a gloo group or trace records.
+(8 devices per node; `liveness.HeartbeatThread`, quiet while the member reports); one fake agent
+thread per node drains those beats and sends an `AgentBeat` every 0.25 s — the wire's whole
+steady load, without a model, a gloo group or trace records.
 
 Measured, per n, over `--iterations` commits:
 
@@ -20,7 +21,7 @@ Measured, per n, over `--iterations` commits:
   the store's key count (one decision key per iteration: the growth that stays);
 * store requests (`requests`): every call on a store client, counted per sender role and op, per
   iteration (`controller`: its inbox reads and decisions; `member`: the `Reached` append and the
-  decision read; `beat`: the heartbeat thread; `agent`: its pops and `AgentBeat`s) — a blocking
+  decision read; `heartbeat`: its heartbeat thread; `agent`: its pops and `AgentBeat`s) — a blocking
   `get` is two requests on the wire (the c10d client sends a wait, then the get);
   `requests_per_iter` sums them, `get` counted twice.
 
@@ -56,11 +57,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from resihp.core.trace_format import InstrRow, LinkRow  # noqa: E402
 from resihp.runtime.control import transport as transport_mod  # noqa: E402
-from resihp.runtime.control.liveness import HEARTBEAT_S, Inbox  # noqa: E402
+from resihp.runtime.control.liveness import HEARTBEAT_S, HeartbeatThread, Inbox, Liveness  # noqa: E402
 from resihp.runtime.control.protocol import (  # noqa: E402
     AgentBeat,
     Decision,
-    Heartbeat,
     Kind,
     Reached,
     Record,
@@ -156,13 +156,7 @@ def _members(port: int, devices: list[int], iterations: int, ready, record: dict
         store = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)
         board = Board(Counted(store, counts))
         beats, results = transport.beats(dev // PER_NODE), transport.inbox()
-
-        def beat() -> None:
-            while not stop.is_set():
-                beats.send(Heartbeat(dev, time.time(), os.getpid()))
-                stop.wait(HEARTBEAT_S)
-
-        threading.Thread(target=beat, name=f"beat-{dev}", daemon=True).start()
+        heart = HeartbeatThread(dev, beats, reports=results)  # (a member's: quiet while it reports)
         ready.put(dev)
         for k in range(iterations):
             results.send(Reached(dev, 0, k, (), 0.0))
@@ -170,6 +164,7 @@ def _members(port: int, devices: list[int], iterations: int, ready, record: dict
             if record is not None:  # (a real member sends it once its step is done, encoded once)
                 line = trace_line({**record, "iter": k, "device": dev}).encode()
                 results.send(Record(dev, 0, k, line))
+        heart.stop()
 
     def agent(node: int) -> None:
         beats, results, last = transport.beats(node), transport.inbox(), {}
@@ -214,7 +209,11 @@ def measure(n: int, iterations: int, procs: int, records: str = "off", microbatc
     ready = ctx.Queue()
     devices = list(range(n))
     nodes = sorted({d // PER_NODE for d in devices})  # a node's devices share a process (its agent)
-    inbox = Inbox(transport.inbox(), lambda msg: beats_seen.append(msg.node))
+    live = Liveness()  # (the controller's: each member message is a beat of its device)
+    for d in devices:
+        live.spawn(d, time.monotonic())
+    heard = lambda msg: live.beat(msg.device, time.monotonic())  # noqa: E731
+    inbox = Inbox(transport.inbox(), lambda msg: beats_seen.append(msg.node), heard)
     k = min(procs, len(nodes))
     parts = [[d for d in devices if d // PER_NODE in nodes[i::k]] for i in range(k)]
     record = None if records == "off" else fake_record(microbatches)

@@ -179,4 +179,26 @@ def test_the_inbox_log_takes_many_messages_per_read_each_once_in_each_senders_or
     calls.clear()
     assert [inbox.recv().generation for _ in range(300)] == list(range(300))
     assert calls == ["compare_set", "compare_set"]
+    send(8)
+    calls.clear()
+    assert [m.generation for m in inbox.recv_all()] == list(range(300)) and inbox.recv_all() == []
+    assert calls == ["compare_set", "compare_set", "compare_set"]  # the batch's read, then one poll
     transport.close()
+
+
+def test_a_channel_notes_its_last_send_and_a_child_starts_without_it():
+    """`sent_at` moves on each send (the member's heartbeat thread reads it); a channel handed to a
+    child process (pickled) has sent nothing there yet."""
+    import pickle
+    import queue
+
+    from resihp.runtime.control.transport import Channel, StoreQueue
+
+    ch = Channel(queue.Queue())
+    t0 = time.monotonic()
+    ch.send(Joining(0, 0))
+    assert t0 <= ch.sent_at <= time.monotonic()
+    moved = Channel(StoreQueue("127.0.0.1", 1, "k"))
+    moved.sent_at = 5.0
+    back = pickle.loads(pickle.dumps(moved))
+    assert back.sent_at == float("-inf") and back.queue.key == "k"

@@ -115,7 +115,7 @@ def member_main(blob: bytes, beats: Channel, results: Channel, agent: int) -> No
     # collection over them holds the GIL for 0.1-1 s, which silences the heartbeat thread; frozen,
     # they are never scanned, and `gc.collect()` at a generation change takes milliseconds.
     gc.freeze()
-    heart = HeartbeatThread(args.device, beats)
+    heart = HeartbeatThread(args.device, beats, reports=results)
 
     def body() -> None:
         torch.set_num_threads(1)
