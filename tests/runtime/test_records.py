@@ -4,6 +4,8 @@ streamed from that file, the same text as the whole result through `json.dumps`.
 
 import json
 
+import pytest
+
 from resihp.cli.train_cmd import write_result
 from resihp.core.trace_format import InstrRow, LinkRow, LossRow, record_to_json
 from resihp.runtime.control.records import RecordStore, TraceFile, decode, trace_line
@@ -99,3 +101,37 @@ def test_json_with_the_trace_streamed_from_its_file_is_what_json_dumps_writes(tm
     assert tmp.read() == trace
     tmp.discard()
     assert not path.exists()
+
+
+def test_the_temporary_trace_has_no_name_and_a_killed_run_leaves_nothing(tmp_path, monkeypatch):
+    """Without `run.trace` the records stream to a file unlinked at once (`TraceFile.nameless`):
+    written, rewound and read back through the process's descriptor, gone with `discard` — and a
+    process SIGKILLed while holding one leaves nothing in $TMPDIR."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    from resihp.runtime.train import trace_file
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    trace = trace_file(None, "list")
+    assert trace.temporary and list(tmp_path.iterdir()) == []
+    store = RecordStore(trace.path)
+    for it in range(3):
+        _add(store, _rec(it, 0), 1)
+    store.rewind(2)
+    store.close()
+    assert [r["iter"] for r in trace.read()] == [0, 1]
+    fd = trace.fd
+    trace.discard()
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed
+    code = (
+        "import os; from resihp.runtime.control.records import TraceFile; t = TraceFile.nameless(); "
+        "open(t.path, 'w').write('x' * 4096); os.kill(os.getpid(), 9)"
+    )
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-c", code], env=env, timeout=60)
+    assert run.returncode == -signal.SIGKILL and list(tmp_path.iterdir()) == []

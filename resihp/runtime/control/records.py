@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 
 from resihp.core.trace_format import record_from_json, record_to_json
 
@@ -93,10 +94,24 @@ class RecordStore:
 class TraceFile:
     """A run's trace on disk (what a `RecordStore` wrote to `path`), for the result to carry without
     holding it: `lines()` streams it (`--json`'s `"trace"`), `read()` loads it; a `temporary` file
-    (no `run.trace` was asked for) goes with `discard()`."""
+    (no `run.trace` was asked for) goes with `discard()`. `fd`: the open descriptor of a file
+    without a name (`nameless`), which `discard` closes."""
 
-    def __init__(self, path: str, temporary: bool) -> None:
-        self.path, self.temporary = path, temporary
+    def __init__(self, path: str, temporary: bool, fd: int | None = None) -> None:
+        self.path, self.temporary, self.fd = path, temporary, fd
+
+    @classmethod
+    def nameless(cls) -> TraceFile:
+        """A temporary trace file, unlinked as soon as it is made and reached through this process's
+        descriptor (`/proc/self/fd/N`): a run that dies however it dies, SIGKILL included, leaves
+        nothing in $TMPDIR (the kernel frees it with the process). Without /proc: a named
+        temporary file, removed by `discard`."""
+        fd, path = tempfile.mkstemp(prefix="resihp-trace-", suffix=".jsonl")
+        if not os.path.isdir("/proc/self/fd"):
+            os.close(fd)
+            return cls(path, temporary=True)
+        os.unlink(path)
+        return cls(f"/proc/self/fd/{fd}", temporary=True, fd=fd)
 
     def lines(self):
         with open(self.path) as f:
@@ -107,7 +122,10 @@ class TraceFile:
         return [json.loads(line) for line in self.lines()]
 
     def discard(self) -> None:
-        if self.temporary and os.path.exists(self.path):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        elif self.temporary and os.path.exists(self.path):
             os.unlink(self.path)
 
 
