@@ -17,6 +17,9 @@ Measured, per n, over `--iterations` commits:
 * controller CPU per iteration: this process's CPU time (the controller loop *and* the store's
   server thread, which runs in the controller's process) divided by the iterations; and the
   loop's share alone (`loop_cpu_ms_per_iter`: this thread's CPU time), the rest being the server's;
+  and the members' (`members_cpu_ms_per_iter`: the worker processes' CPU time from their members'
+  start, with their connections, heartbeat threads and fake agents; on one machine they share its
+  cores with the controller);
 * controller memory: resident set after the members connected and after the last iteration, and
   the store's key count (one decision key per iteration: the growth that stays);
 * store requests (`requests`): every call on a store client, counted per sender role and op, per
@@ -48,7 +51,6 @@ import multiprocessing as mp
 import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -66,7 +68,7 @@ from resihp.runtime.control.protocol import (  # noqa: E402
     Record,
     Verdict,
 )
-from resihp.runtime.control.records import RecordStore, decode, trace_line  # noqa: E402
+from resihp.runtime.control.records import RecordStore, TraceFile, decode, trace_line  # noqa: E402
 from resihp.runtime.control.transport import Transport, Unreachable  # noqa: E402
 
 PER_NODE = 8
@@ -183,12 +185,13 @@ def _members(port: int, devices: list[int], iterations: int, ready, record: dict
     for node in nodes:
         threading.Thread(target=agent, args=(node,), name=f"agent-{node}", daemon=True).start()
     threads = [threading.Thread(target=member, args=(d,), name=f"member-{d}") for d in devices]
+    cpu0 = time.process_time()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     stop.set()
-    ready.put(dict(counts))
+    ready.put((dict(counts), time.process_time() - cpu0))
     ready.close()
     ready.join_thread()
     os._exit(0)
@@ -223,10 +226,9 @@ def measure(n: int, iterations: int, procs: int, records: str = "off", microbatc
         w.start()
     for _ in range(n):
         ready.get(timeout=600)
-    trace = tempfile.NamedTemporaryFile(prefix="control-plane-", suffix=".jsonl", delete=False)
-    trace.close()
+    trace = TraceFile.nameless()  # (as a run without `run.trace`: nothing left behind)
     kept: dict[int, dict[int, dict]] = {}  # `keep`: every record of the run, as before the store
-    filed = RecordStore(trace.name) if records == "stream" else None
+    filed = RecordStore(trace.path) if records == "stream" else None
     seen = [0]
 
     def on_record(msg) -> None:
@@ -265,10 +267,13 @@ def measure(n: int, iterations: int, procs: int, records: str = "off", microbatc
     rss1, keys = _rss_mb(), store.num_keys()
     if filed is not None:
         filed.close()
-    trace_mb = os.path.getsize(trace.name) / 2**20
-    os.unlink(trace.name)
+    trace_mb = os.path.getsize(trace.path) / 2**20
+    trace.discard()
+    members_cpu = 0.0
     for _ in workers:
-        counts.update(ready.get(timeout=60))
+        calls, cpu_s = ready.get(timeout=60)
+        counts.update(calls)
+        members_cpu += cpu_s
     for w in workers:
         w.join(60)
     transport.close()
@@ -281,6 +286,7 @@ def measure(n: int, iterations: int, procs: int, records: str = "off", microbatc
         "commit_ms_p95": 1e3 * steady[int(0.95 * (len(steady) - 1))],
         "controller_cpu_ms_per_iter": 1e3 * cpu / iterations,
         "loop_cpu_ms_per_iter": 1e3 * loop / iterations,  # the controller's own thread, no store server
+        "members_cpu_ms_per_iter": 1e3 * members_cpu / iterations,  # the worker processes, all of them
         "rss_mb_start": rss0,
         "rss_mb_end": rss1,
         "records": records,
