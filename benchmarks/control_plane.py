@@ -6,8 +6,9 @@ and, once all n members reported `Reached` for iteration k, writes `decision/0/k
 (`board.Board.decide`). The members are threads in `--procs` worker processes; each thread, as a
 real member does, sends `Reached` on the controller's channel and blocks on the decision with its
 own store client (`Board.decision`), and beats every 0.25 s on its node's heartbeat channel
-(8 devices per node); one fake agent thread per node drains those beats and sends an `AgentBeat`
-every 0.25 s — the wire's whole steady load, without a model, a gloo group or trace records.
+(8 devices per node; `liveness.HeartbeatThread`, quiet while the member reports); one fake agent
+thread per node drains those beats and sends an `AgentBeat` every 0.25 s — the wire's whole
+steady load, without a model, a gloo group or trace records.
 
 Measured, per n, over `--iterations` commits:
 
@@ -16,8 +17,16 @@ Measured, per n, over `--iterations` commits:
 * controller CPU per iteration: this process's CPU time (the controller loop *and* the store's
   server thread, which runs in the controller's process) divided by the iterations; and the
   loop's share alone (`loop_cpu_ms_per_iter`: this thread's CPU time), the rest being the server's;
+  and the members' (`members_cpu_ms_per_iter`: the worker processes' CPU time from their members'
+  start, with their connections, heartbeat threads and fake agents; on one machine they share its
+  cores with the controller);
 * controller memory: resident set after the members connected and after the last iteration, and
-  the store's key count (one decision key per iteration: the growth that stays).
+  the store's key count (one decision key per iteration: the growth that stays);
+* store requests (`requests`): every call on a store client, counted per sender role and op, per
+  iteration (`controller`: its inbox reads and decisions; `member`: the `Reached` append and the
+  decision read; `heartbeat`: its heartbeat thread; `agent`: its pops and `AgentBeat`s) — a blocking
+  `get` is two requests on the wire (the c10d client sends a wait, then the get);
+  `requests_per_iter` sums them, `get` counted twice.
 
 With `--records stream` (or `keep`) each member also sends, after each decision, a trace record of
 realistic size (`--microbatches`, default 64: its F/B/W/SEND/RECV rows and received blocks, about
@@ -42,24 +51,24 @@ import multiprocessing as mp
 import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
+from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from resihp.core.trace_format import InstrRow, LinkRow, record_to_json  # noqa: E402
-from resihp.runtime.control.liveness import HEARTBEAT_S, Inbox  # noqa: E402
+from resihp.core.trace_format import InstrRow, LinkRow  # noqa: E402
+from resihp.runtime.control import transport as transport_mod  # noqa: E402
+from resihp.runtime.control.liveness import HEARTBEAT_S, HeartbeatThread, Inbox, Liveness  # noqa: E402
 from resihp.runtime.control.protocol import (  # noqa: E402
     AgentBeat,
     Decision,
-    Heartbeat,
     Kind,
     Reached,
     Record,
     Verdict,
 )
-from resihp.runtime.control.records import RecordStore  # noqa: E402
+from resihp.runtime.control.records import RecordStore, TraceFile, decode, trace_line  # noqa: E402
 from resihp.runtime.control.transport import Transport, Unreachable  # noqa: E402
 
 PER_NODE = 8
@@ -71,6 +80,47 @@ def _rss_mb() -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+WIRE = {"get": 2}  # a blocking get: the c10d client's wait request, then the get
+
+
+class Counted:
+    """A store client whose every call counts under (this thread's role, op) in `counts` (the
+    role: the thread's name up to its first '-')."""
+
+    def __init__(self, store, counts: Counter) -> None:
+        self.store, self.counts = store, counts
+
+    def __getattr__(self, op: str):
+        call = getattr(self.store, op)
+
+        def counted(*args):
+            self.counts[threading.current_thread().name.split("-")[0], op] += 1
+            return call(*args)
+
+        return counted
+
+
+_STORE_OP = transport_mod._store_op
+
+
+def count_transport(counts: Counter) -> None:
+    """Count every call of this process's transport channels on their store client (`Counted`),
+    in `counts` alone (a later call replaces an earlier one)."""
+    op = _STORE_OP
+
+    def counted(host, port, name, *args):
+        counts[threading.current_thread().name.split("-")[0], name] += 1
+        return op(host, port, name, *args)
+
+    transport_mod._store_op = counted
+
+
+def per_iteration(counts: Counter, iterations: int) -> tuple[dict, float]:
+    """(`role.op` -> calls per iteration, wire requests per iteration)."""
+    calls = {f"{r}.{op}": round(c / iterations, 2) for (r, op), c in sorted(counts.items())}
+    return calls, sum(c * WIRE.get(op, 1) for (_, op), c in counts.items()) / iterations
 
 
 def fake_record(microbatches: int) -> dict:
@@ -100,25 +150,23 @@ def _members(port: int, devices: list[int], iterations: int, ready, record: dict
 
     from resihp.runtime.control.board import Board
 
-    transport = Transport("127.0.0.1", port)
+    transport, counts = Transport("127.0.0.1", port), Counter()
+    count_transport(counts)
     stop = threading.Event()
 
     def member(dev: int) -> None:
-        board = Board(dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False))
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)
+        board = Board(Counted(store, counts))
         beats, results = transport.beats(dev // PER_NODE), transport.inbox()
-
-        def beat() -> None:
-            while not stop.is_set():
-                beats.send(Heartbeat(dev, time.time(), os.getpid()))
-                stop.wait(HEARTBEAT_S)
-
-        threading.Thread(target=beat, daemon=True).start()
+        heart = HeartbeatThread(dev, beats, reports=results)  # (a member's: quiet while it reports)
         ready.put(dev)
         for k in range(iterations):
             results.send(Reached(dev, 0, k, (), 0.0))
             board.decision(0, k)
-            if record is not None:  # (a real member sends it once its step is done)
-                results.send(Record(dev, {**record, "iter": k, "device": dev}))
+            if record is not None:  # (a real member sends it once its step is done, encoded once)
+                line = trace_line({**record, "iter": k, "device": dev}).encode()
+                results.send(Record(dev, 0, k, line))
+        heart.stop()
 
     def agent(node: int) -> None:
         beats, results, last = transport.beats(node), transport.inbox(), {}
@@ -135,13 +183,17 @@ def _members(port: int, devices: list[int], iterations: int, ready, record: dict
 
     nodes = sorted({d // PER_NODE for d in devices if d % PER_NODE == 0})
     for node in nodes:
-        threading.Thread(target=agent, args=(node,), daemon=True).start()
-    threads = [threading.Thread(target=member, args=(d,)) for d in devices]
+        threading.Thread(target=agent, args=(node,), name=f"agent-{node}", daemon=True).start()
+    threads = [threading.Thread(target=member, args=(d,), name=f"member-{d}") for d in devices]
+    cpu0 = time.process_time()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     stop.set()
+    ready.put((dict(counts), time.process_time() - cpu0))
+    ready.close()
+    ready.join_thread()
     os._exit(0)
 
 
@@ -150,14 +202,21 @@ def measure(n: int, iterations: int, procs: int, records: str = "off", microbatc
 
     from resihp.runtime.control.board import Board
 
+    counts: Counter = Counter()
+    count_transport(counts)
+    threading.current_thread().name = "controller"
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    board, transport = Board(store), Transport("127.0.0.1", store.port)
+    board, transport = Board(Counted(store, counts)), Transport("127.0.0.1", store.port)
     beats_seen = []
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
     devices = list(range(n))
     nodes = sorted({d // PER_NODE for d in devices})  # a node's devices share a process (its agent)
-    inbox = Inbox(transport.inbox(), lambda msg: beats_seen.append(msg.node))
+    live = Liveness()  # (the controller's: each member message is a beat of its device)
+    for d in devices:
+        live.spawn(d, time.monotonic())
+    heard = lambda msg: live.beat(msg.device, time.monotonic())  # noqa: E731
+    inbox = Inbox(transport.inbox(), lambda msg: beats_seen.append(msg.node), heard)
     k = min(procs, len(nodes))
     parts = [[d for d in devices if d // PER_NODE in nodes[i::k]] for i in range(k)]
     record = None if records == "off" else fake_record(microbatches)
@@ -167,19 +226,19 @@ def measure(n: int, iterations: int, procs: int, records: str = "off", microbatc
         w.start()
     for _ in range(n):
         ready.get(timeout=600)
-    trace = tempfile.NamedTemporaryFile(prefix="control-plane-", suffix=".jsonl", delete=False)
-    trace.close()
+    trace = TraceFile.nameless()  # (as a run without `run.trace`: nothing left behind)
     kept: dict[int, dict[int, dict]] = {}  # `keep`: every record of the run, as before the store
-    filed = RecordStore(trace.name) if records == "stream" else None
+    filed = RecordStore(trace.path) if records == "stream" else None
     seen = [0]
 
     def on_record(msg) -> None:
         seen[0] += 1
         if filed is not None:
-            filed.add(msg.device, msg.record, n)
-        else:
-            kept.setdefault(msg.record["iter"], {})[msg.device] = msg.record
+            filed.add(msg.device, msg.iter, msg.line, n)
+        else:  # (decoded, as the controller held them before: the dicts and rows are the memory)
+            kept.setdefault(msg.iter, {})[msg.device] = decode(msg.line)
 
+    counts.clear()  # (the start-up's; the workers count theirs too: a few per member, in the noise)
     rss0, cpu0, loop0 = _rss_mb(), time.process_time(), time.thread_time()
     curve = [round(rss0, 1)]
     gaps, t_prev = [], time.perf_counter()
@@ -208,11 +267,17 @@ def measure(n: int, iterations: int, procs: int, records: str = "off", microbatc
     rss1, keys = _rss_mb(), store.num_keys()
     if filed is not None:
         filed.close()
-    trace_mb = os.path.getsize(trace.name) / 2**20
-    os.unlink(trace.name)
+    trace_mb = os.path.getsize(trace.path) / 2**20
+    trace.discard()
+    members_cpu = 0.0
+    for _ in workers:
+        calls, cpu_s = ready.get(timeout=60)
+        counts.update(calls)
+        members_cpu += cpu_s
     for w in workers:
         w.join(60)
     transport.close()
+    calls, requests = per_iteration(counts, iterations)
     steady = sorted(gaps[1:])  # (the first one includes the members' first sends)
     return {
         "members": n,
@@ -221,14 +286,17 @@ def measure(n: int, iterations: int, procs: int, records: str = "off", microbatc
         "commit_ms_p95": 1e3 * steady[int(0.95 * (len(steady) - 1))],
         "controller_cpu_ms_per_iter": 1e3 * cpu / iterations,
         "loop_cpu_ms_per_iter": 1e3 * loop / iterations,  # the controller's own thread, no store server
+        "members_cpu_ms_per_iter": 1e3 * members_cpu / iterations,  # the worker processes, all of them
         "rss_mb_start": rss0,
         "rss_mb_end": rss1,
         "records": records,
-        "record_kb": 0.0 if record is None else len(json.dumps(record_to_json(record))) / 1024,
+        "record_kb": 0.0 if record is None else len(trace_line(record)) / 1024,
         "rss_mb_curve": curve if record is not None else [],
         "trace_file_mb": trace_mb,
         "store_keys": keys,
         "agent_beats": len(beats_seen),
+        "requests_per_iter": requests,
+        "requests": calls,
     }
 
 

@@ -7,7 +7,9 @@ writer (`runtime/exec/worker.py`) and reader (`runtime/adapt/slowwatch.py`, `run
 (`json.dumps` writes it as the list), and `from_json` checks a row read back.
 
 `LossRow` is no part of the trace file: it is what a last-stage record carries to the controller
-(the commit's losses), and `record_to_json` strips it.
+(the commit's losses), and `record_to_json` strips it. `record_from_json` is its inverse: a trace
+file's object with its rows as the NamedTuples again (no check: it reads what `record_to_json`
+wrote; `detect/trace_io.py` is the strict reader of files from elsewhere).
 
 Torch-free.
 """
@@ -110,4 +112,13 @@ def record_to_json(record: dict) -> dict:
     out = {k: v for k, v in record.items() if k != "losses"}
     out["instrs"] = [row.to_json() for row in record["instrs"]]
     out["links"] = [row.to_json() for row in record["links"]]
+    return out
+
+
+def record_from_json(obj: dict) -> dict:
+    """A trace-file object (`record_to_json`'s, or its line through `json.loads`) as a record with
+    its rows as `InstrRow` and `LinkRow` (the losses stay absent)."""
+    out = dict(obj)
+    out["instrs"] = [InstrRow._make(row) for row in obj["instrs"]]
+    out["links"] = [LinkRow._make(row) for row in obj["links"]]
     return out

@@ -21,8 +21,6 @@ packed sequences (micro-batches) and `tokens` = samples x seq_len.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 
 from resihp.core.plan import Plan
@@ -207,9 +205,7 @@ def trace_file(path: str | None, trace_as: str) -> TraceFile | None:
         return TraceFile(path, temporary=False)
     if trace_as == "none":
         return None
-    fd, tmp = tempfile.mkstemp(prefix="resihp-trace-", suffix=".jsonl")
-    os.close(fd)
-    return TraceFile(tmp, temporary=True)
+    return TraceFile.nameless()  # (nothing left in $TMPDIR, even by a SIGKILLed run)
 
 
 def run_result(

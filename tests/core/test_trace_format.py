@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from resihp.core.trace_format import InstrRow, LinkRow, LossRow, record_to_json
+from resihp.core.trace_format import InstrRow, LinkRow, LossRow, record_from_json, record_to_json
 
 
 def test_rows_are_their_json_lists_and_read_back_equal():
@@ -44,3 +44,14 @@ def test_a_record_goes_to_json_without_its_losses():
     out = record_to_json(rec)
     assert out == {"iter": 0, "device": 3, "instrs": [["F", 0, 0, 0.1, 0.0]], "links": []}
     assert json.loads(json.dumps(out)) == out and "losses" in rec
+
+
+def test_a_record_read_back_from_its_json_line_has_its_rows_by_name():
+    """`record_from_json` undoes `record_to_json` through a JSON line: the same record without its
+    losses, its rows NamedTuples again (the slow watch reads `row.block`, `row.transfer_s`)."""
+    rec = {"iter": 2, "device": 3, "wall_s": 0.5, "instrs": [InstrRow("F", 0, 1, 0.1, 0.0)],
+           "links": [LinkRow(2, 3, "act", 0, 1, 64, 0.02)], "losses": [LossRow(1, 1.5, 30)]}  # fmt: skip
+    back = record_from_json(json.loads(json.dumps(record_to_json(rec))))
+    assert back == {k: v for k, v in rec.items() if k != "losses"}
+    assert back["links"][0].block == (2, 3, "act", 0, 1) and back["instrs"][0].compute_s == 0.1
+    assert type(back["instrs"][0]) is InstrRow and type(back["links"][0]) is LinkRow

@@ -19,7 +19,7 @@ from resihp.runtime.adapt.recovery import source_generation
 from resihp.runtime.config import TrainConfig
 from resihp.runtime.control import controller
 from resihp.runtime.control.agent import Agents
-from resihp.runtime.control.liveness import JoinBarrier, ListeningClock, Liveness
+from resihp.runtime.control.liveness import HeartbeatThread, JoinBarrier, ListeningClock, Liveness
 from resihp.runtime.control.pids import alive
 from resihp.runtime.control.processes import Processes
 from resihp.runtime.control.protocol import (
@@ -113,12 +113,50 @@ def test_inbox_dates_forwarded_beats_by_their_age_and_applies_process_reports():
     q.put(encode(Exited(2, 1, 1, 40)))  # its former process
     q.put(encode(Reached(2, 0, 0, (), 0.1)))
     assert procs.inbox.get(0.01) == Reached(2, 0, 0, (), 0.1)
-    assert members.last == {2: 9.5, 3: 7.0} and nodes.last == {1: 10.0}
+    assert members.last == {2: 10.0, 3: 7.0} and nodes.last == {1: 10.0}  # (2: its `Reached`, now)
     assert members.hung(10.0) == [3] and nodes.hung(10.0) == []
     assert agents.pid == {2: 41} and agents.exitcode(2) is None and agents.pids == [41]
     q.put(encode(Exited(2, -9, 1, 41)))
     procs.inbox.drain()
     assert agents.exitcode(2) == -9 and agents.node_of(3) == 1 and agents.node_of(1) == 0
+
+
+def test_a_member_message_is_a_beat_and_one_read_serves_many_gets():
+    """Each member message beats its device on arrival, and an older forwarded beat read after it
+    does not move it back; the messages of one read are handed out without reading again (within
+    `Inbox.FRESH_S`); with none left the next get reads."""
+    members = Liveness()
+    members.spawn(0, 0.0)
+    members.spawn(1, 0.0)
+    procs, q, _ = _processes(members, 8.0)
+    reads = []
+    get_nowait = q.get_nowait
+    q.get_nowait = lambda: reads.append(1) or get_nowait()
+    for msg in [Reached(0, 0, 3, (), 0.1), AgentBeat(0, 5.0, {0: 2.0, 1: 4.0}), Reached(1, 0, 3, (), 0.1)]:
+        q.put(encode(msg))
+    procs.agents.liveness.spawn(0, 0.0)
+    assert procs.inbox.get(0.01) == Reached(0, 0, 3, (), 0.1)
+    assert members.last == {0: 8.0, 1: 8.0} and len(reads) == 3  # (after a `get`): two, then empty
+    assert procs.inbox.get(0.01) == Reached(1, 0, 3, (), 0.1) and len(reads) == 3
+    assert procs.inbox.get(0.0) is None and len(reads) == 4
+    members.beat(0, 6.0)
+    assert members.last[0] == 8.0
+
+
+def test_a_reporting_member_sends_no_heartbeats_and_a_quiet_one_does():
+    """`HeartbeatThread` stays quiet while the member's reports go out (each is a beat at the
+    controller) and beats once they stop."""
+    beats, reports = Channel(queue.Queue()), Channel(queue.Queue())
+    reports.send(Done(0))
+    heart = HeartbeatThread(0, beats, period_s=0.2, reports=reports)
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        reports.send(Done(0))
+        time.sleep(0.01)
+    quiet = beats.queue.qsize()
+    time.sleep(1.0)
+    heart.stop()
+    assert quiet <= 1 and beats.queue.qsize() - quiet >= 2, (quiet, beats.queue.qsize())
 
 
 def test_a_silent_agent_loses_its_node_and_every_running_device_of_it():

@@ -9,7 +9,7 @@ import pytest
 from resihp.core.faults import FaultSpec
 from resihp.core.model_spec import ModelSpec
 from resihp.core.plan import Plan
-from resihp.core.trace_format import InstrRow, LossRow
+from resihp.core.trace_format import LossRow
 from resihp.runtime.control.board import Board
 from resihp.runtime.control.controller import Controller
 from resihp.runtime.control.liveness import Liveness
@@ -44,7 +44,7 @@ SAMPLES = {
     Kind.JOINING: (3, 1),
     Kind.JOINED: (3, 1, 0.01, 0.02, 0.03, 0.04),
     Kind.REACHED: (3, 1, 7, (LossRow(4, 1.25, 31),), 0.5),
-    Kind.RECORD: (3, {"iter": 7, "instrs": [InstrRow("F", 0, 1, 0.1, 0.0)], "links": []}),
+    Kind.RECORD: (3, 1, 7, b'{"iter": 7, "instrs": [["F", 0, 1, 0.1, 0.0]], "links": []}'),
     Kind.ABORT: (3, 1, 7, "RuntimeError: Connection closed by peer", 6),
     Kind.ERROR: (3, "Traceback ..."),
     Kind.STOPPING: (3, 7, 1234.5, True),
@@ -110,8 +110,8 @@ def test_the_controllers_table_covers_every_kind_it_can_receive_and_refuses_the_
 def test_channel_carries_messages_in_order_and_says_when_empty():
     ch = Channel(queue.Queue())
     ch.send(Joining(1, 0))
-    ch.send(Record(1, {"iter": 0}))
-    assert ch.recv() == Joining(1, 0) and ch.recv(0.01) == Record(1, {"iter": 0})
+    ch.send(Record(1, 0, 0, b'{"iter": 0}'))
+    assert ch.recv() == Joining(1, 0) and ch.recv(0.01) == Record(1, 0, 0, b'{"iter": 0}')
     assert ch.recv() is None and ch.recv(0.01) is None
 
 

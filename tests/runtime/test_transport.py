@@ -48,7 +48,7 @@ def test_store_channels_keep_order_cross_processes_and_say_when_the_store_is_gon
     assert [inbox.recv(5.0) for _ in range(50)] == [Joining(i, 0) for i in range(50)]
     other = transport.commands(3)
     threads = [
-        threading.Thread(target=lambda k=k: [other.send(Record(k, {"iter": i})) for i in range(200)])
+        threading.Thread(target=lambda k=k: [other.send(Record(k, 0, i, b"{}")) for i in range(200)])
         for k in range(2)
     ]
     for t in threads:
@@ -56,8 +56,8 @@ def test_store_channels_keep_order_cross_processes_and_say_when_the_store_is_gon
     for t in threads:
         t.join()
     got = [other.recv(1.0) for _ in range(400)]
-    assert sorted((m.device, m.record["iter"]) for m in got) == [(k, i) for k in range(2) for i in range(200)]
-    assert [m.record["iter"] for m in got if m.device == 1] == list(range(200))
+    assert sorted((m.device, m.iter) for m in got) == [(k, i) for k in range(2) for i in range(200)]
+    assert [m.iter for m in got if m.device == 1] == list(range(200))
     assert other.recv() is None and inbox.recv() is None
     del store  # the controller is gone
     with pytest.raises(Unreachable):
@@ -177,4 +177,26 @@ def test_the_inbox_log_takes_many_messages_per_read_each_once_in_each_senders_or
     calls.clear()
     assert [inbox.recv().generation for _ in range(300)] == list(range(300))
     assert calls == ["compare_set", "compare_set"]
+    send(8)
+    calls.clear()
+    assert [m.generation for m in inbox.recv_all()] == list(range(300)) and inbox.recv_all() == []
+    assert calls == ["compare_set", "compare_set", "compare_set"]  # the batch's read, then one poll
     transport.close()
+
+
+def test_a_channel_notes_its_last_send_and_a_child_starts_without_it():
+    """`sent_at` moves on each send (the member's heartbeat thread reads it); a channel handed to a
+    child process (pickled) has sent nothing there yet."""
+    import pickle
+    import queue
+
+    from resihp.runtime.control.transport import Channel, StoreQueue
+
+    ch = Channel(queue.Queue())
+    t0 = time.monotonic()
+    ch.send(Joining(0, 0))
+    assert t0 <= ch.sent_at <= time.monotonic()
+    moved = Channel(StoreQueue("127.0.0.1", 1, "k"))
+    moved.sent_at = 5.0
+    back = pickle.loads(pickle.dumps(moved))
+    assert back.sent_at == float("-inf") and back.queue.key == "k"

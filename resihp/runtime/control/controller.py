@@ -72,6 +72,7 @@ from .protocol import (
     Verdict,
 )
 from .records import RecordStore
+from .records import decode as decode_record
 from .signals import StopSignals
 from .transport import Transport
 
@@ -368,12 +369,11 @@ class Controller:
         """A plan device's trace record (to `records`). With `detect_slow`, each complete iteration goes
         to the `SlowWatch`; its new reports in the current generation go to the scheduler
         (`reconfig.replan_after_slow`), whose plan is due from `it` + 1 (`Boundaries.propose`)."""
-        rec = msg.record
-        g_rec, watch = rec["generation"], self.watch
-        got = self.records.add(msg.device, rec, len(self.plans[g_rec].devices()))
+        g_rec, watch = msg.generation, self.watch
+        got = self.records.add(msg.device, msg.iter, msg.line, len(self.plans[g_rec].devices()))
         if watch is None or got is None:
             return
-        found = watch.observe(rec["iter"], g_rec, got)
+        found = watch.observe(msg.iter, g_rec, [decode_record(line) for line in got])
         found = watch.admit(g_rec, found) if g_rec == self.gen else []
         if found:  # the scheduler decides (reconfig.replan_after_slow), from it + 1
             known = (watch.speeds, watch.link_factors)

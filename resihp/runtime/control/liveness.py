@@ -3,14 +3,16 @@
 Torch-free; the controller (`controller.py`, `processes.py`) judges, members and agents beat.
 
 * Heartbeats: every member process sends a `Heartbeat` on its node's heartbeat channel every
-  `HEARTBEAT_S` from a daemon thread (`HeartbeatThread`). Gloo and store waits release the GIL, so
+  `HEARTBEAT_S` from a daemon thread (`HeartbeatThread`) — unless it sent the controller a report
+  within the last half period: every member message is a beat on its arrival (`Inbox`), so a
+  member that reports every iteration sends no heartbeats. Gloo and store waits release the GIL, so
   a member blocked in a collective still beats; only a dead or frozen process (SIGSTOP, a hung
   device) goes silent. The agent (`agent.py`) forwards its members' last beats with its own beat,
   an `AgentBeat`, every `HEARTBEAT_S`. The controller reads its channel through an `Inbox`, which
-  takes every message that has arrived before handing one out and applies the agents' reports at
-  once (`agent_beat` feeds a `Liveness` for the members and one for the agents): silence is judged
-  on current data even right after the controller itself was busy (a replan, a checkpoint), and
-  on the `ListeningClock`, which leaves out the controller's own pauses. A
+  takes every message that has arrived in one read and applies the agents' reports at once
+  (`agent_beat` feeds a `Liveness` for the members and one for the agents): silence is judged on
+  data at most `Inbox.FRESH_S` old even right after the controller itself was busy (a replan, a
+  checkpoint), and on the `ListeningClock`, which leaves out the controller's own pauses. A
   member silent for `timeout_s` after its first beat is *hung* (its agent SIGKILLs it on the
   controller's command, and its death is a fail-stop); one with no first beat `start_timeout_s`
   after its spawn never started (the job fails). A silent agent is a dead node.
@@ -76,8 +78,10 @@ class Liveness:
         self.last.pop(device, None)
 
     def beat(self, device: int, now: float) -> None:
+        """`device` was heard from at `now` (a forwarded beat may be older than a report heard
+        before it: the newer stays)."""
         if device in self.spawned:  # a forgotten (dead, done) member's last beats are ignored
-            self.last[device] = now
+            self.last[device] = max(now, self.last.get(device, now))
 
     def forget(self, device: int) -> None:
         self.spawned.pop(device, None)
@@ -104,15 +108,20 @@ def agent_beat(msg: AgentBeat, members: Liveness, nodes: Liveness, now: float) -
 
 class HeartbeatThread:
     """A daemon thread that sends `Heartbeat(device, time, pid)` on the agent's channel `beats`
-    every `period_s` until `stop`."""
+    every `period_s` until `stop` — unless the member sent a report on `reports` (its channel to
+    the controller) within the last half period: the controller counts each member message as a
+    beat on arrival (`Inbox`), so a member reporting every iteration costs the store no beats, and
+    the longest silence stays 1.5 periods."""
 
-    def __init__(self, device: int, beats, period_s: float = HEARTBEAT_S) -> None:
+    def __init__(self, device: int, beats, period_s: float = HEARTBEAT_S, reports=None) -> None:
         self.beats, self.quiet = beats, threading.Event()
 
         def beat() -> None:
             while not self.quiet.is_set():
+                recent = reports is not None and time.monotonic() - reports.sent_at < period_s / 2
                 try:
-                    beats.send(Heartbeat(device, time.time(), os.getpid()))
+                    if not recent:
+                        beats.send(Heartbeat(device, time.time(), os.getpid()))
                 except (ValueError, OSError):  # closed
                     return
                 self.quiet.wait(period_s)
@@ -129,28 +138,36 @@ class HeartbeatThread:
 class Inbox:
     """The controller's channel, the agents' reports applied on arrival.
 
-    `get` first takes every message that has arrived (`drain`): the agents' reports
-    (`protocol.FROM_AGENT`: beats, spawns, exits) go to `dispatch` at once, so that the heartbeat
-    times and the process table are current whenever the controller checks; it then hands out the
-    oldest member message (or None), which the controller dispatches in turn.
+    `get` hands out the oldest member message not handed out yet (or None), which the controller
+    dispatches in turn. When none is left, or the last read is older than `FRESH_S`, it first
+    takes every message that has arrived (`drain`, one read of the channel): the agents' reports
+    (`protocol.FROM_AGENT`: beats, spawns, exits) go to `dispatch` at once, and each member
+    message is `heard` (`Processes`: a beat of its device, on arrival), so that the heartbeat
+    times and the process table are current whenever the controller checks — within `FRESH_S`,
+    far below any heartbeat timeout, without a store read per message handed out.
     """
 
-    def __init__(self, channel, dispatch: Callable[[object], None]) -> None:
-        self.channel, self.dispatch = channel, dispatch
+    FRESH_S = 0.05
+
+    def __init__(self, channel, dispatch: Callable[[object], None], heard=None) -> None:
+        self.channel, self.dispatch, self.heard = channel, dispatch, heard
         self.pending: deque = deque()
+        self.read_at = float("-inf")  # (time.monotonic)
 
     def drain(self, timeout_s: float = 0.0) -> None:
         """Take every message that has arrived, waiting up to `timeout_s` for the first one."""
-        msg = self.channel.recv(timeout_s)
-        while msg is not None:
+        for msg in self.channel.recv_all(timeout_s):
             if msg.kind in FROM_AGENT:
                 self.dispatch(msg)
             else:
+                if self.heard is not None:
+                    self.heard(msg)
                 self.pending.append(msg)
-            msg = self.channel.recv()
+        self.read_at = time.monotonic()
 
     def get(self, timeout_s: float):
-        self.drain(0.0 if self.pending else timeout_s)
+        if not self.pending or time.monotonic() - self.read_at > self.FRESH_S:
+            self.drain(0.0 if self.pending else timeout_s)
         return self.pending.popleft() if self.pending else None
 
 

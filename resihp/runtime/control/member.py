@@ -95,6 +95,7 @@ from .protocol import (
     Stopping,
     Verdict,
 )
+from .records import trace_line
 from .transport import Channel, Unreachable, never_reconnect
 
 JOIN_TIMEOUT_S = 10.0  # rendezvous + group building of a generation, once every member is at `go`
@@ -114,7 +115,7 @@ def member_main(blob: bytes, beats: Channel, results: Channel, agent: int) -> No
     # collection over them holds the GIL for 0.1-1 s, which silences the heartbeat thread; frozen,
     # they are never scanned, and `gc.collect()` at a generation change takes milliseconds.
     gc.freeze()
-    heart = HeartbeatThread(args.device, beats)
+    heart = HeartbeatThread(args.device, beats, reports=results)
 
     def body() -> None:
         torch.set_num_threads(1)
@@ -378,7 +379,7 @@ def _iterate(
             return "abort", it
         if keeper is not None:  # what waiting for the snapshot cost this iteration's main thread
             record["snapshot_wait_s"] = keeper.take_wait()
-        results.send(Record(device, record))
+        results.send(Record(device, record["generation"], it, trace_line(record).encode()))
         it += 1
         every = worker.job.checkpoint_every
         if every and it % every == 0:  # the step of iteration it - 1 is committed: save it

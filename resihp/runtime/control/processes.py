@@ -7,7 +7,8 @@ the verdicts (`check_alive`) and the members that died (`dead`):
 
 * Agents: forked on this host (`agent.Agents`, `resihp train`) or started on their machines and
   admitted before the job starts (`remote.RemoteAgents`, `resihp controller`; `hosting.Hosting`).
-* Liveness (`liveness.py`): every member beats every 0.25 s (through its agent); one silent for
+* Liveness (`liveness.py`): every member beats every 0.25 s (through its agent, or by any message to
+  the controller: `Inbox`'s `heard`, on arrival); one silent for
   `heartbeat_timeout_s` is hung (a frozen process, a hung device) and its agent SIGKILLs it — its
   sockets close, so peers blocked in a collective with it fail at once — and from then on it is a
   fail-stop (`"cause": "heartbeat"`; a process that exited by itself: `"cause": "exit"`). Silence
@@ -73,7 +74,7 @@ class Processes:
             Kind.EXITED: self.agents.on_exited,
         }
         self.dispatch = Dispatch({**handlers, **own}, TO_CONTROLLER)
-        self.inbox = Inbox(results, self.dispatch)
+        self.inbox = Inbox(results, self.dispatch, lambda msg: liveness.beat(msg.device, clock()))
         self.done: set[int] = set()
         self.stopping: dict[int, float] = {}
         self.killed: dict[int, str] = {}  # device -> why the controller killed it (heartbeat | node)

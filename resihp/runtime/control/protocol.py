@@ -119,11 +119,15 @@ class Reached:
 
 @_message(Kind.RECORD)
 class Record:
-    """A plan device's trace record of an iteration it ran (docs/trace-format.md, plus its losses)."""
+    """A plan device's trace record of iteration `iter` of `generation`, as its line of the trace
+    file (`records.trace_line`, UTF-8, no newline: docs/trace-format.md): encoded once by the
+    member; the controller writes it as it is and decodes it only for the slow watch."""
 
     kind: ClassVar[Kind]
     device: int
-    record: dict
+    generation: int
+    iter: int
+    line: bytes
 
 
 @_message(Kind.ABORT)

@@ -265,13 +265,38 @@ def _frames(data: bytes):
 
 class Channel:
     """One direction of typed messages. `recv(timeout_s)`: the next message, waiting up to
-    `timeout_s` (0: only one already there), None when none came."""
+    `timeout_s` (0: only one already there), None when none came; `recv_all`: every message there.
+    `sent_at`: when this process last sent on it (`time.monotonic`; -inf: never) — a member's
+    reports count as its heartbeat (`liveness.HeartbeatThread`)."""
 
     def __init__(self, queue) -> None:
-        self.queue = queue
+        self.queue, self.sent_at = queue, float("-inf")
+
+    def __getstate__(self):
+        return self.queue
+
+    def __setstate__(self, queue) -> None:
+        self.__init__(queue)
 
     def send(self, msg) -> None:
         self.queue.put(encode(msg))
+        self.sent_at = time.monotonic()
+
+    def recv_all(self, timeout_s: float = 0.0) -> list:
+        """Every message there, waiting up to `timeout_s` for the first: of a `StoreLog`, those of
+        its one read (no second round trip to find it empty), else until the queue is empty."""
+        msg = self.recv(timeout_s)
+        if msg is None:
+            return []
+        if isinstance(self.queue, StoreLog):
+            out = [msg, *map(decode, self.queue.taken)]
+            self.queue.taken.clear()
+            return out
+        out = []
+        while msg is not None:
+            out.append(msg)
+            msg = self.recv()
+        return out
 
     def recv(self, timeout_s: float = 0.0):
         try:
