@@ -227,7 +227,9 @@ def _run(plan: Plan, work: dict[GroupKey, list[tuple[int, int]]]) -> tuple[dict,
 def _executors(plan: Plan, index: dict[GroupKey, int]) -> list[int]:
     """Flat table of executor groups: entry c * w1 + i (w1 = most stages + 1) is the index in
     `index` of the group running stage i of chunk c = j * dp + src, -1 past src's last stage (the
-    padding slot w1 - 1 too, so stage -1 of chunk c reads chunk c - 1's padding: -1)."""
+    padding slot w1 - 1 too, so stage -1 of chunk c reads chunk c - 1's padding: -1). Chunks of a
+    source outside the component of `index` (a move whose executor is not in it) are -1 as well:
+    they never reach its groups."""
     dp, m = plan.dp, max(plan.microbatches)
     w1 = max(len(st) for st in plan.replicas) + 1
     at = np.full((m, dp, w1), -1, dtype=np.int64)  # [j, src, i]: flat index (j * dp + src) * w1 + i
@@ -235,7 +237,7 @@ def _executors(plan: Plan, index: dict[GroupKey, int]) -> list[int]:
         for i in range(len(stages)):
             at[: plan.microbatches[src], src, i] = index.get((src, i), -1)
     for (src, j, i), d in plan._exec.items():
-        at[j, src, i] = index[(d, i)]
+        at[j, src, i] = index.get((d, i), -1)
     return at.ravel().tolist()
 
 

@@ -67,3 +67,17 @@ def test_run_per_component_and_memoised_untouched_replicas_equal_the_joint_run(s
         for g in work:
             assert np.array_equal(arrays[g], want_a[g]) and np.array_equal(rounds[g], want_r[g]), g
             assert not arrays[g].flags.writeable and not rounds[g].flags.writeable
+
+
+def test_two_components_each_with_a_replica_that_moved_everything_away():
+    """Replicas 0 and 1 lost their devices and run every micro-batch on 2 and 3 respectively: two
+    components, each with a move whose executor the other lacks (a Hypothesis example: the
+    per-component executor table looked up the other component's executor and raised KeyError)."""
+    plan = Plan.uniform(TINY, 1, 1, 4, 1, schedule="gpipe")
+    plan = plan.with_changes(assignment=((0, 0, 0, 2), (1, 0, 0, 3)))
+    work = _work(plan)
+    arrays, rounds = list_schedule(plan, work)
+    want_a, want_r = _run(plan, work)
+    assert list(arrays) == list(want_a) == list(work)
+    for g in work:
+        assert np.array_equal(arrays[g], want_a[g]) and np.array_equal(rounds[g], want_r[g]), g
