@@ -60,13 +60,7 @@ def test_run_per_component_and_memoised_untouched_replicas_equal_the_joint_run(s
         joined = rng.sample(range(dp), 2)  # the others stay untouched
         moves = {(joined[0], rng.randrange(m), rng.randrange(pp)): joined[1] for _ in range(3)}
         plan = plan.with_changes(assignment=tuple((*k, d) for k, d in moves.items()))
-        work = _work(plan)
-        arrays, rounds = list_schedule(plan, work)
-        want_a, want_r = _run(plan, work)
-        assert list(arrays) == list(want_a) == list(work)
-        for g in work:
-            assert np.array_equal(arrays[g], want_a[g]) and np.array_equal(rounds[g], want_r[g]), g
-            assert not arrays[g].flags.writeable and not rounds[g].flags.writeable
+        _equals_the_joint_run(plan)
 
 
 def test_two_components_each_with_a_replica_that_moved_everything_away():
@@ -74,10 +68,15 @@ def test_two_components_each_with_a_replica_that_moved_everything_away():
     components, each with a move whose executor the other lacks (a Hypothesis example: the
     per-component executor table looked up the other component's executor and raised KeyError)."""
     plan = Plan.uniform(TINY, 1, 1, 4, 1, schedule="gpipe")
-    plan = plan.with_changes(assignment=((0, 0, 0, 2), (1, 0, 0, 3)))
+    _equals_the_joint_run(plan.with_changes(assignment=((0, 0, 0, 2), (1, 0, 0, 3))))
+
+
+def _equals_the_joint_run(plan: Plan) -> None:
+    """`list_schedule`'s orders and rounds per group are `_run`'s over every group at once, read-only."""
     work = _work(plan)
     arrays, rounds = list_schedule(plan, work)
     want_a, want_r = _run(plan, work)
     assert list(arrays) == list(want_a) == list(work)
     for g in work:
         assert np.array_equal(arrays[g], want_a[g]) and np.array_equal(rounds[g], want_r[g]), g
+        assert not arrays[g].flags.writeable and not rounds[g].flags.writeable

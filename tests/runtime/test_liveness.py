@@ -159,39 +159,43 @@ def test_a_reporting_member_sends_no_heartbeats_and_a_quiet_one_does():
     assert quiet <= 1 and beats.queue.qsize() - quiet >= 2, (quiet, beats.queue.qsize())
 
 
+class _Proc:  # an agent process that is alive but says nothing (SIGSTOPped, or a lost machine)
+    exitcode, killed = None, False
+
+    def kill(self):
+        self.killed = True
+
+    def join(self, timeout=None):
+        pass
+
+
+class _Store:  # the channels a transport names, kept in memory; `emptied`: the keys of those deleted
+    def __init__(self):
+        self.emptied = []
+
+    def channel(self, key):
+        store = self
+
+        class Emptied(queue.Queue):  # a node's channel queue in the store: emptied when its node is lost
+            def delete(self):
+                store.emptied.append(key)
+
+        return Channel(Emptied())
+
+    def commands(self, node):
+        return self.channel(("commands", node))
+
+    def beats(self, node):
+        return self.channel(("beats", node))
+
+
 def test_a_silent_agent_loses_its_node_and_every_running_device_of_it():
     """An agent silent for the heartbeat timeout is killed and its node's devices still running are
     fenced (exit code -SIGKILL), its channels emptied; finished devices and other nodes stay as
     they are."""
-
-    class Proc:  # an agent process that is alive but says nothing (SIGSTOPped, or a lost machine)
-        exitcode, killed = None, False
-
-        def kill(self):
-            self.killed = True
-
-        def join(self, timeout=None):
-            pass
-
-    class Emptied(queue.Queue):  # a node's channel queue in the store: emptied when its node is lost
-        def delete(self):
-            emptied.append(self.key)
-
-    class Store:  # the channels a transport names, kept in memory
-        def channel(self, key):
-            q = Emptied()
-            q.key = key
-            return Channel(q)
-
-        def commands(self, node):
-            return self.channel(("commands", node))
-
-        def beats(self, node):
-            return self.channel(("beats", node))
-
-    emptied = []
-    agents = Agents(Store(), 2, timeout_s=2.0, start_timeout_s=10.0)
-    procs = {0: Proc(), 1: Proc()}
+    store = _Store()
+    agents = Agents(store, 2, timeout_s=2.0, start_timeout_s=10.0)
+    procs = {0: _Proc(), 1: _Proc()}
     for node, proc in procs.items():
         agents.procs[node] = proc
         agents.liveness.spawn(node, 0.0)
@@ -201,7 +205,7 @@ def test_a_silent_agent_loses_its_node_and_every_running_device_of_it():
     assert agents.lost(9.0) == {}
     assert agents.lost(10.0) == {1: [2]} and procs[1].killed and not procs[0].killed
     assert agents.code == {0: None, 1: None, 2: -9, 3: 0} and set(agents.procs) == {0}
-    assert emptied == [("commands", 1), ("beats", 1)]  # a fresh agent of node 1 reads nothing stale
+    assert store.emptied == [("commands", 1), ("beats", 1)]  # a fresh agent of node 1 reads nothing stale
     assert agents.lost(10.5) == {} and agents.unstarted(100.0) == []
 
 
@@ -215,28 +219,6 @@ def test_the_listening_clock_leaves_the_controllers_own_pauses_out():
         raw[0] = t
         readings.append(clock())
     assert readings == pytest.approx([10.0, 10.3, 10.7, 11.2, 11.3, 11.8])
-
-
-class _Proc:  # an agent process that is alive but says nothing (SIGSTOPped, or a lost machine)
-    exitcode, killed = None, False
-
-    def kill(self):
-        self.killed = True
-
-    def join(self, timeout=None):
-        pass
-
-
-class _Emptied(queue.Queue):  # a node's channel queue in the store: emptied when its node is lost
-    def delete(self):
-        pass
-
-
-class _Store:  # the channels a transport names, kept in memory
-    def commands(self, node):
-        return Channel(_Emptied())
-
-    beats = commands
 
 
 def test_a_pause_of_the_controller_with_its_agent_fences_nothing_a_silence_it_hears_does():
