@@ -140,7 +140,7 @@ def check_node(info: dict, devices: int | None, available: int | None = None) ->
         from ..exec.device import check_cuda
 
         try:
-            check_cuda(list(range(per or devices or 1)), None, available)
+            check_cuda(list(range(per)), None, available)  # (set: `hosting.check_hosting`)
         except ValueError as e:
             return str(e)
     return None
