@@ -4,10 +4,12 @@ For each member count n (default 8, 64, 256, 1024) this process plays the contro
 the `TCPStore`, reads its inbox (`transport.Channel` + `liveness.Inbox`, as the controller does)
 and, once all n members reported `Reached` for iteration k, writes `decision/0/k`
 (`board.Board.decide`). The members are threads in `--procs` worker processes; each thread, as a
-real member does, sends `Reached` on the controller's channel and blocks on the decision with its
-own store client (`Board.decision`), and beats every 0.25 s on its node's heartbeat channel
-(8 devices per node; `liveness.HeartbeatThread`, quiet while the member reports); one fake agent
-thread per node drains those beats and sends an `AgentBeat` every 0.25 s — the wire's whole
+real member does, sends `Reached` on the controller's channel and blocks on the decision, which
+its node's agent reads once from the store and relays to it (`relay.DecisionRelay`, a real one
+per node, over real pipes; `--relay off`: each member reads it with its own store client,
+`Board.decision`, as members did before the relay), and beats every 0.25 s on its node's heartbeat
+channel (8 devices per node; `liveness.HeartbeatThread`, quiet while the member reports); one fake
+agent thread per node drains those beats and sends an `AgentBeat` every 0.25 s — the wire's whole
 steady load, without a model, a gloo group or trace records.
 
 Measured, per n, over `--iterations` commits:
@@ -23,8 +25,9 @@ Measured, per n, over `--iterations` commits:
 * controller memory: resident set after the members connected and after the last iteration, and
   the store's key count (one decision key per iteration: the growth that stays);
 * store requests (`requests`): every call on a store client, counted per sender role and op, per
-  iteration (`controller`: its inbox reads and decisions; `member`: the `Reached` append and the
-  decision read; `heartbeat`: its heartbeat thread; `agent`: its pops and `AgentBeat`s) — a blocking
+  iteration (`controller`: its inbox reads and decisions; `member`: the `Reached` append and, with
+  `--relay off`, the decision read; `relay`: the agents' decision reads; `heartbeat`: its heartbeat
+  thread; `agent`: its pops and `AgentBeat`s) — a blocking
   `get` is two requests on the wire (the c10d client sends a wait, then the get);
   `requests_per_iter` sums them, `get` counted twice.
 
@@ -36,7 +39,7 @@ record of the run (`keep`: what the controller did before the store, for the con
 resident set is then sampled at every tenth of the run (`rss_mb_curve`): flat or growing.
 
     .venv/bin/python benchmarks/control_plane.py [--members 8 64 256 1024] [--iterations 1000]
-        [--procs 8] [--records off|stream|keep] [--microbatches 64] [--json OUT]
+        [--procs 8] [--relay on|off] [--records off|stream|keep] [--microbatches 64] [--json OUT]
 
 The issue's target: <= 20 ms per commit at 256 members on this machine; the growth with members
 is reported. What this does not measure: the rest of a real controller's per-iteration work (the
@@ -69,6 +72,7 @@ from resihp.runtime.control.protocol import (  # noqa: E402
     Verdict,
 )
 from resihp.runtime.control.records import RecordStore, TraceFile, decode, trace_line  # noqa: E402
+from resihp.runtime.control.relay import DecisionRelay, Relayed  # noqa: E402
 from resihp.runtime.control.transport import Transport, Unreachable  # noqa: E402
 
 PER_NODE = 8
@@ -144,8 +148,22 @@ def fake_record(microbatches: int) -> dict:
     }  # fmt: skip
 
 
-def _members(port: int, devices: list[int], iterations: int, ready, record: dict | None) -> None:
-    """One worker process: a thread per fake member, and a fake agent per node it hosts."""
+class CountedRelay(DecisionRelay):
+    """A real relay whose store reads count in `counts` (role `relay`: its fetch threads' names)."""
+
+    def __init__(self, counts: Counter, *args) -> None:
+        self.counts = counts
+        super().__init__(*args)
+
+    def client(self):
+        return Counted(super().client(), self.counts)
+
+
+def _members(
+    port: int, devices: list[int], iterations: int, ready, record: dict | None, relay: bool
+) -> None:  # fmt: skip
+    """One worker process: a thread per fake member, and a fake agent (and, with `relay`, a
+    decision relay) per node it hosts."""
     import torch.distributed as dist
 
     from resihp.runtime.control.board import Board
@@ -153,16 +171,23 @@ def _members(port: int, devices: list[int], iterations: int, ready, record: dict
     transport, counts = Transport("127.0.0.1", port), Counter()
     count_transport(counts)
     stop = threading.Event()
+    relays = {}
+    if relay:
+        relays = {n: CountedRelay(counts, "127.0.0.1", port, 120.0) for n in {d // PER_NODE for d in devices}}
+    pipes = {d: relays[d // PER_NODE].connect() for d in devices} if relay else {}
 
     def member(dev: int) -> None:
-        store = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)
-        board = Board(Counted(store, counts))
+        if relay:
+            decisions = Relayed(pipes[dev])
+        else:
+            store = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)
+            decisions = Board(Counted(store, counts))
         beats, results = transport.beats(dev // PER_NODE), transport.inbox()
         heart = HeartbeatThread(dev, beats, reports=results)  # (a member's: quiet while it reports)
         ready.put(dev)
         for k in range(iterations):
             results.send(Reached(dev, 0, k, (), 0.0))
-            board.decision(0, k)
+            decisions.decision(0, k)
             if record is not None:  # (a real member sends it once its step is done, encoded once)
                 line = trace_line({**record, "iter": k, "device": dev}).encode()
                 results.send(Record(dev, 0, k, line))
@@ -191,13 +216,17 @@ def _members(port: int, devices: list[int], iterations: int, ready, record: dict
     for t in threads:
         t.join()
     stop.set()
+    for r in relays.values():
+        r.close()
     ready.put((dict(counts), time.process_time() - cpu0))
     ready.close()
     ready.join_thread()
     os._exit(0)
 
 
-def measure(n: int, iterations: int, procs: int, records: str = "off", microbatches: int = 64) -> dict:
+def measure(
+    n: int, iterations: int, procs: int, records: str = "off", microbatches: int = 64, relay: bool = True
+) -> dict:  # fmt: skip
     import torch.distributed as dist
 
     from resihp.runtime.control.board import Board
@@ -220,7 +249,7 @@ def measure(n: int, iterations: int, procs: int, records: str = "off", microbatc
     k = min(procs, len(nodes))
     parts = [[d for d in devices if d // PER_NODE in nodes[i::k]] for i in range(k)]
     record = None if records == "off" else fake_record(microbatches)
-    args = (store.port, iterations, ready, record)
+    args = (store.port, iterations, ready, record, relay)
     workers = [ctx.Process(target=_members, args=(args[0], p, *args[1:])) for p in parts if p]
     for w in workers:
         w.start()
@@ -282,6 +311,7 @@ def measure(n: int, iterations: int, procs: int, records: str = "off", microbatc
     return {
         "members": n,
         "iterations": iterations,
+        "relay": relay,
         "commit_ms_median": 1e3 * statistics.median(steady),
         "commit_ms_p95": 1e3 * steady[int(0.95 * (len(steady) - 1))],
         "controller_cpu_ms_per_iter": 1e3 * cpu / iterations,
@@ -306,6 +336,10 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=1000)
     ap.add_argument("--procs", type=int, default=8, help="worker processes hosting the fake members")
     ap.add_argument(
+        "--relay", choices=("on", "off"), default="on",
+        help="members take decisions from their node's relay (on, as the runtime does) or the store (off)",
+    )  # fmt: skip
+    ap.add_argument(
         "--records", choices=("off", "stream", "keep"), default="off",
         help="members also send trace records: filed by a RecordStore (stream) or all kept (keep)",
     )  # fmt: skip
@@ -315,7 +349,7 @@ def main() -> None:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     out = {"load_avg_before": os.getloadavg()[0], "cpus": os.cpu_count(), "runs": []}
     for n in args.members:
-        row = measure(n, args.iterations, args.procs, args.records, args.microbatches)
+        row = measure(n, args.iterations, args.procs, args.records, args.microbatches, args.relay == "on")
         out["runs"].append(row)
         print(
             "  ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()),

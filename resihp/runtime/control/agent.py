@@ -8,6 +8,8 @@ on one node). An agent (`agent_main`, one process per node)
   `Kill`, `Shutdown`). It starts them through its own forkserver, which preloads torch once per node
   (the agents of a job preload in parallel); the agent itself never imports the model: a member's
   arguments travel as one opaque `blob` (it imports torch.distributed only for the store client);
+* reads each of the controller's decisions once from the store and hands it to every member of the
+  node that asks, over a pipe of its own (`relay.DecisionRelay`);
 * polls its members' exit codes every `EXIT_POLL_S` and reports each exit (`Exited`) at once, and
   every spawn (`Spawned`);
 * receives its members' `Heartbeat`s on its node's heartbeat channel and forwards them, with its
@@ -20,7 +22,8 @@ on one node). An agent (`agent_main`, one process per node)
   agent — a dead node — takes its workers down.
 
 Every channel is the controller's store (`transport.py`), named by node rank: what an agent says
-and hears crosses no other wire, and it never compares its clock with another host's.
+and hears crosses no other wire (the decision pipes stay on the node and carry the store's bytes),
+and it never compares its clock with another host's.
 
 `Agents` is the controller's side: it starts an agent when a node gets its first member (a re-join
 on a dead node starts a new one), sends the commands, keeps the process table from the reports
@@ -48,6 +51,7 @@ from .liveness import HEARTBEAT_S, Liveness
 from .pids import WATCH_S, kill_tree, orphaned, running
 from .pids import kill as kill_pid
 from .protocol import (
+    PG_TIMEOUT_S,
     TO_AGENT,
     TO_AGENT_BEATS,
     AgentBeat,
@@ -60,6 +64,7 @@ from .protocol import (
     Spawn,
     Spawned,
 )
+from .relay import DecisionRelay
 from .signals import STOP_SIGNALS, quiet_children, shield, shielded
 from .transport import Transport, Unreachable, load_quietly
 
@@ -71,11 +76,11 @@ CONTROLLER_TIMEOUT_S = 2.0  # default `run.controller_timeout_s`: an agent fence
 FENCED_EXIT = 3  # exit code of an agent that lost its controller and killed its members
 
 
-def _member(blob: bytes, beats, results, agent: int) -> None:
+def _member(blob: bytes, beats, results, agent: int, decisions) -> None:
     """A member process's entry point (`member.member_main`, preloaded by the node's forkserver)."""
     from .member import member_main
 
-    member_main(blob, beats, results, agent)
+    member_main(blob, beats, results, agent, decisions)
 
 
 class Reach:
@@ -130,6 +135,7 @@ def agent_main(
     # the members do: `preload.py`)
     gc.freeze()
     commands, beats, results = transport.commands(node), transport.beats(node), transport.inbox()
+    relay = DecisionRelay(transport.host, transport.port, PG_TIMEOUT_S)  # the members' decisions
     procs: dict = {}  # device -> its current member process
     last: dict[int, float] = {}  # device -> arrival of its current process's last heartbeat
     lock = threading.Lock()  # procs and last, shared with the forwarding thread
@@ -186,9 +192,11 @@ def agent_main(
             stop.wait(heartbeat_s)
 
     def on_spawn(msg: Spawn) -> None:
-        args = (msg.blob, beats, results, os.getpid())
+        decisions = relay.connect()
+        args = (msg.blob, beats, results, os.getpid(), decisions)
         p = ctx.Process(target=_member, args=args, name=f"member-{msg.device}", daemon=True)
         p.start()
+        decisions.close()  # (the member holds its end)
         with lock:
             procs[msg.device] = p
             last.pop(msg.device, None)
@@ -241,6 +249,7 @@ def agent_main(
         for p in list(procs.values()):
             p.join(5.0)
         stop.set()
+        relay.close()
         beat.join(None if lost else 1.0)  # (its store calls time out) none outlives this run of it
     if not lost:
         return 0

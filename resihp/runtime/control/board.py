@@ -12,9 +12,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from .protocol import Decision, Gate, Generation, decision_key, go_key, plan_key
-
-PG_TIMEOUT_S = 120.0  # store waits and gloo operations; heartbeats, far shorter, decide first
+from .protocol import PG_TIMEOUT_S, Decision, Gate, Generation, decision_key, go_key, plan_key, read_decision
 
 
 class Board:
@@ -33,7 +31,7 @@ class Board:
         self.store.set(go_key(generation), gate.value)
 
     def decide(self, generation: int, it: int, decision: Decision) -> None:
-        self.store.set(decision_key(generation, it), pickle.dumps(decision))
+        self.store.set(decision_key(generation, it), decision.encode())
 
     # members
     def generation(self, generation: int) -> Generation | None:
@@ -45,10 +43,9 @@ class Board:
         return Gate(self._wait(go_key(generation)).decode())
 
     def decision(self, generation: int, it: int) -> Decision:
-        """The decision on iteration `it` (blocks up to the store timeout, then raises)."""
-        decision = pickle.loads(self.store.get(decision_key(generation, it)))
-        assert isinstance(decision, Decision), decision
-        return decision
+        """The decision on iteration `it` (blocks up to the store timeout, then raises). A member
+        takes it through its agent instead (`relay.py`: one store read per node)."""
+        return read_decision(self.store.get(decision_key(generation, it)))
 
     def _wait(self, key: str) -> bytes:
         while True:

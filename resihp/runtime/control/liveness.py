@@ -36,7 +36,7 @@ from .protocol import FROM_AGENT, AgentBeat, Gate, Heartbeat
 HEARTBEAT_S = 0.25  # a member's heartbeat period
 HEARTBEAT_TIMEOUT_S = 3.0  # default `run.heartbeat_timeout_s`: silence after which a member is hung
 # allowed `run.heartbeat_timeout_s`: from 4 periods (shorter kills healthy members of a busy machine)
-# to well under the gloo timeout (`member.PG_TIMEOUT_S`, 120 s), which heartbeats must beat
+# to well under the gloo timeout (`protocol.PG_TIMEOUT_S`, 120 s), which heartbeats must beat
 HEARTBEAT_TIMEOUT_RANGE_S = (1.0, 60.0)
 START_TIMEOUT_S = 60.0  # a spawned member's first heartbeat must come within this (workers import torch)
 LISTEN_GAP_S = 2 * HEARTBEAT_S  # a pause of the controller's own longer than this counts as this long

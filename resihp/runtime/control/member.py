@@ -4,7 +4,7 @@ A member process loops over Plan generations. For generation g it joins the gloo
 generation's members (plan devices and standby workers, ranked in ascending id) through
 `PrefixStore(f"gen{g}", store)`, builds its groups, receives its state (`transfer`), and runs
 iterations. At STEP of iteration k it reports `Reached` (with its losses) and blocks on the
-controller's `Decision` under `decision/{g}/{k}` in the store (`board.Board`):
+controller's `Decision` under `decision/{g}/{k}` in the store, as its agent relays it (`relay.py`):
 
 * `Verdict.COMMIT`: apply the optimizer step, go on with k + 1;
 * `Verdict.NEXT`: apply the step, then leave g for the generation published as `plan/{g+1}`;
@@ -75,11 +75,12 @@ from .abort import (
     nccl_env,
 )
 from .bind import gloo_backend
-from .board import PG_TIMEOUT_S, Board
+from .board import Board
 from .liveness import HeartbeatThread
 from .pids import watch
 from .protocol import (
     ABORT_HUNG_EXIT,
+    PG_TIMEOUT_S,
     Abort,
     Done,
     Error,
@@ -96,6 +97,7 @@ from .protocol import (
     Verdict,
 )
 from .records import trace_line
+from .relay import Relayed
 from .transport import Channel, Unreachable, never_reconnect
 
 JOIN_TIMEOUT_S = 10.0  # rendezvous + group building of a generation, once every member is at `go`
@@ -105,9 +107,10 @@ class Aborted(Exception):
     """The controller aborted the iteration in flight."""
 
 
-def member_main(blob: bytes, beats: Channel, results: Channel, agent: int) -> None:
+def member_main(blob: bytes, beats: Channel, results: Channel, agent: int, decisions=None) -> None:
     """Process entry point (spawned by the agent process `agent`); `blob`: its `MemberArgs`.
-    `beats`: the agent's heartbeat channel; `results`: the controller's."""
+    `beats`: the agent's heartbeat channel; `results`: the controller's; `decisions`: its pipe to
+    the agent's `relay.DecisionRelay` (None: the member reads decisions from the store itself)."""
     args = MemberArgs.decode(blob)
     never_reconnect()  # a member that lost the store is done: its agent fences the node
     watch(agent, lambda: os._exit(3))  # a dead agent (a dead node) takes its members down
@@ -121,7 +124,8 @@ def member_main(blob: bytes, beats: Channel, results: Channel, agent: int) -> No
         torch.set_num_threads(1)
         timeout = timedelta(seconds=PG_TIMEOUT_S)
         store = dist.TCPStore(args.host, args.port, is_master=False, timeout=timeout)
-        _run(args.generation, args.job, args.device, store, results, heart)
+        relayed = None if decisions is None else Relayed(decisions)
+        _run(args.generation, args.job, args.device, store, results, heart, decisions=relayed)
 
     exit_after(args.device, results, body, heart.stop)
 
@@ -168,10 +172,11 @@ def _hung(device: int, results: Channel, heart: HeartbeatThread):
 
 def _run(
     gen: Generation | None, job, device: int, store, results: Channel, heart: HeartbeatThread,
-    abort=abort_groups,
+    abort=abort_groups, decisions=None,
 ) -> None:  # fmt: skip
     """`abort`: how an NCCL member aborts its groups when it leaves a failed generation (injectable:
-    the tests make it hang)."""
+    the tests make it hang); `decisions`: where it takes each `Decision` (`relay.Relayed`; None:
+    the store)."""
     board = Board(store)
     nccl = job.backend == "nccl"
     on_hang = _hung(device, results, heart)
@@ -234,7 +239,7 @@ def _run(
             elif gen.restore or job.resume:  # a whole-job restart: state from the checkpoint
                 init = load_init(gen.restore or job.resume, plan, device)
             t2 = time.perf_counter()
-            commits = Commits(g, device, faults, board, results, heart)
+            commits = Commits(g, device, faults, decisions or board, results, heart)
             worker = None
             if plan.stage_of(device) is not None:
                 worker = Worker(plan, device, groups, job, init, commits.hooks())
@@ -311,14 +316,15 @@ def fail_now(fault, device: int, it: int, results: Channel, heart: HeartbeatThre
 
 class Commits:
     """The member's side of generation g's commit protocol and fault injection, as the worker's
-    `Hooks`: at STEP it reports `Reached` and takes the controller's `Decision` (`verdict`, read by
-    `_iterate`; faults a commit resolved replace `faults`, shared with `_run`); compute and P2P are
+    `Hooks`: at STEP it reports `Reached` and takes the controller's `Decision` from `decisions` (a
+    `Board` or a `relay.Relayed`; `verdict`, read by `_iterate`; faults a commit resolved replace
+    `faults`, shared with `_run`); compute and P2P are
     slowed by the faults of the iteration; a `stop` with phase allreduce fires on entering the
     gradient reduction."""
 
-    def __init__(self, g: int, device: int, faults: list, board: Board, results: Channel, heart=None):
-        self.g, self.device, self.faults, self.board, self.results, self.heart = (
-            g, device, faults, board, results, heart,
+    def __init__(self, g: int, device: int, faults: list, decisions, results: Channel, heart=None):
+        self.g, self.device, self.faults, self.decisions, self.results, self.heart = (
+            g, device, faults, decisions, results, heart,
         )  # fmt: skip
         self.verdict: Verdict | None = None
         self.keeper: Keeper | None = None  # with snapshots: settled before `Reached` (its certificate)
@@ -330,7 +336,7 @@ class Commits:
         if self.keeper is not None and not self.keeper.settle():  # (`Reached` says: tag k is complete)
             raise RuntimeError(f"the snapshot exchange before iteration {k} failed: a peer died")
         self.results.send(Reached(self.device, self.g, k, tuple(losses), wall_s))
-        decided = self.board.decision(self.g, k)
+        decided = self.decisions.decision(self.g, k)
         if decided.verdict is Verdict.ABORT:
             raise Aborted(f"iteration {k} aborted by the controller")
         if decided.faults is not None:  # time-keyed faults or fault ends resolved at this commit

@@ -312,6 +312,9 @@ class Dispatch:
 
 
 # --------------------------------------------------------------------------- the store: controller -> members
+PG_TIMEOUT_S = 120.0  # store waits and gloo operations; heartbeats, far shorter, decide first
+
+
 def plan_key(generation: int) -> str:
     return f"plan/{generation}"
 
@@ -363,6 +366,16 @@ class Decision:
 
     verdict: Verdict
     faults: tuple[FaultSpec | FaultEnd, ...] | None = None
+
+    def encode(self) -> bytes:
+        return pickle.dumps(self)
+
+
+def read_decision(value: bytes) -> Decision:
+    """The `Decision` that `Decision.encode` wrote (read from the store, or relayed: `relay.py`)."""
+    decision = pickle.loads(value)
+    assert isinstance(decision, Decision), decision
+    return decision
 
 
 @dataclass(frozen=True)
