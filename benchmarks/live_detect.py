@@ -13,8 +13,10 @@ series). Cases (`--cases`):
 * `slow0`: p = 0.5 from iteration 0;
 * `recover`: p = 0.5 from iteration 15 for `--duration` s (`duration_s`), then back at speed.
 
-A run's timings are recorded once (`--out DIR`, one JSON per run, written whole or not at all; an
-existing file is reused, not re-run), run-major (every case of run 0, then of run 1, …: a recording
+A run's timings are recorded once (`--out DIR`, default `benchmarks/recordings/live_detect`, where
+the recordings behind docs/detector.md's table are committed: one gzipped JSON per run, written
+whole or not at all; an existing file, or a plain `.json` of the same name, is reused, not re-run),
+run-major (every case of run 0, then of run 1, …: a recording
 cut short leaves the cases balanced), and replayed into:
 
 * `ours`: `runtime/adapt/slowwatch.SlowWatch`, the controller's live detector itself
@@ -30,12 +32,14 @@ report), median latency (report iteration − onset), median and worst severity 
 and for `recover` runs where ours reported `recovered` for the device after the fault ended. ITP
 error: mean |observed − predicted| / observed over our healthy iterations, per case.
 
-    .venv/bin/python benchmarks/live_detect.py --runs 10 --out live_runs --json live_detect.json
+    .venv/bin/python benchmarks/live_detect.py --runs 10 --json live_detect.json
+    .venv/bin/python benchmarks/live_detect.py --runs 10 --replay-only    # the committed recordings
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import statistics
@@ -56,6 +60,7 @@ from resihp.runtime.config import TrainConfig
 from resihp.runtime.job import WorkerFailed
 from resihp.runtime.train import run_training
 
+RECORDINGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recordings", "live_detect")
 CASES = ("healthy", "cotenant", "slow70", "slow50", "slow0", "recover")
 ONSET = {"slow70": (20, 0.7), "slow50": (20, 0.5), "slow0": (0, 0.5), "recover": (15, 0.5)}
 BURN = "import time\nend = time.perf_counter() + {s}\nwhile time.perf_counter() < end: pass\n"
@@ -215,7 +220,7 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--duration", type=float, default=40.0, help="recover: the fault's duration_s")
     ap.add_argument("--cotenant-at", type=float, default=90.0, help="seconds after the job starts")
-    ap.add_argument("--out", default="live_runs", help="recorded runs (reused when present)")
+    ap.add_argument("--out", default=RECORDINGS, help="recorded runs (reused when present)")
     ap.add_argument("--json")
     ap.add_argument("--replay-only", action="store_true", help="replay the recorded runs, record none")
     args = ap.parse_args()
@@ -228,9 +233,9 @@ def main() -> None:
             sys.exit(2)
     for run in range(args.runs):
         for case in cases:
-            path = os.path.join(args.out, f"{case}-{run}-s{args.seq_len}-i{args.iters}.json")
-            if os.path.exists(path):
-                with open(path) as f:
+            path = os.path.join(args.out, f"{case}-{run}-s{args.seq_len}-i{args.iters}.json.gz")
+            if os.path.exists(path) or os.path.exists(path[:-3]):  # (or as plain JSON)
+                with gzip.open(path) if os.path.exists(path) else open(path[:-3], "rb") as f:
                     rec = json.load(f)
             elif args.replay_only:
                 continue
@@ -241,7 +246,8 @@ def main() -> None:
                 except WorkerFailed as e:  # a start timeout under load spikes (shared cores): once more
                     print(f"{case} {run}: {str(e)[:120]}; again", file=sys.stderr, flush=True)
                     rec = record(args, case, run)
-                write_atomic(path, json.dumps(rec))  # whole or not at all: an interrupted run leaves none
+                # whole or not at all: an interrupted run leaves none (mtime 0: same run, same bytes)
+                write_atomic(path, gzip.compress(json.dumps(rec, separators=(",", ":")).encode(), mtime=0))
                 print(f"recorded {path} in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
             cfg = config_for(args, case, run, None)
             got = replay(rec, cfg)

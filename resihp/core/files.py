@@ -105,12 +105,12 @@ def check_dir(path: str, what: str) -> None:
 
 
 def write_atomic(path: str, text) -> None:
-    """Write `text` (a str, or an iterable of str pieces written in turn) to `path` through a
-    temporary file in the same directory and one rename."""
+    """Write `text` (a str or bytes, or an iterable of str pieces written in turn) to `path`
+    through a temporary file in the same directory and one rename."""
     tmp = os.path.join(_parent(path), f".{os.path.basename(path)}.tmp{os.getpid()}")
     try:
-        with open(tmp, "w") as fh:
-            for piece in [text] if isinstance(text, str) else text:
+        with open(tmp, "wb" if isinstance(text, bytes) else "w") as fh:
+            for piece in [text] if isinstance(text, (str, bytes)) else text:
                 fh.write(piece)
         os.replace(tmp, path)
     finally:

@@ -58,3 +58,5 @@ def test_write_atomic_replaces_the_file_whole(tmp_path):
     path.write_text("old")
     write_atomic(str(path), "new\n")
     assert path.read_text() == "new\n" and os.listdir(tmp_path) == ["r.json"]
+    write_atomic(str(path), b"\x1f\x8b bytes")  # (bytes as they are: a gzipped recording)
+    assert path.read_bytes() == b"\x1f\x8b bytes" and os.listdir(tmp_path) == ["r.json"]
