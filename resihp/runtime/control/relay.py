@@ -21,11 +21,12 @@ timeout; a member whose agent is gone raises too (and its agent's death ends it 
 from __future__ import annotations
 
 import queue
+import selectors
 import struct
 import threading
 from collections import OrderedDict
 from datetime import timedelta
-from multiprocessing.connection import Connection, Pipe, wait
+from multiprocessing.connection import Connection, Pipe
 
 from .protocol import Decision, decision_key, read_decision
 
@@ -42,6 +43,7 @@ class DecisionRelay:
         self.host, self.port, self.timeout = host, port, timedelta(seconds=timeout_s)
         self.lock = threading.Lock()
         self.conns: list[Connection] = []  # the agent's ends, one per member (closed by `_serve` alone)
+        self.fresh: list[Connection] = []  # connected, not yet watched by `_serve`
         self.known: OrderedDict[tuple[int, int], bytes] = OrderedDict()  # the last KEEP decisions read
         self.waiting: dict[tuple[int, int], list[Connection]] = {}  # decisions being read -> askers
         self.keys: queue.Queue = queue.Queue()  # decisions to read (None: stop)
@@ -59,6 +61,7 @@ class DecisionRelay:
         mine, theirs = Pipe()
         with self.lock:
             self.conns.append(mine)
+            self.fresh.append(mine)
         self.wake_w.send_bytes(b"")
         return theirs
 
@@ -70,16 +73,22 @@ class DecisionRelay:
         self.threads[0].join(5.0)
 
     def _serve(self) -> None:
+        watch = selectors.DefaultSelector()  # (one for the relay's life: its members come and go)
+        watch.register(self.wake_r, selectors.EVENT_READ)
         while not self.stopped:
-            with self.lock:
-                conns = list(self.conns)
-            for conn in wait([self.wake_r, *conns]):
+            for key, _ in watch.select():
+                conn = key.fileobj
                 if conn is self.wake_r:
                     conn.recv_bytes()
+                    with self.lock:
+                        fresh, self.fresh = self.fresh, []
+                    for c in fresh:
+                        watch.register(c, selectors.EVENT_READ)
                     continue
                 try:
                     ask = ASK.unpack(conn.recv_bytes())
                 except (EOFError, OSError):  # the member exited
+                    watch.unregister(conn)
                     with self.lock:  # (answers are sent under the lock: none goes to a closed pipe)
                         self.conns.remove(conn)
                         for askers in self.waiting.values():
@@ -88,6 +97,7 @@ class DecisionRelay:
                         conn.close()
                     continue
                 self._ask(ask, conn)
+        watch.close()
         with self.lock:
             for conn in self.conns:
                 conn.close()
