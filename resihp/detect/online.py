@@ -25,9 +25,10 @@ Per Plan generation, fed one committed iteration at a time (`OnlineDetector.obse
 * **Decision**: a device is suspect in an iteration when its judged speed is below `cut`. Judged:
   on CPU workers (`Chunks.cpu_s`) the same peer comparison on Σ predicted ÷ CPU seconds, relative
   to its class's level at the fit (`_cpu_levels`: CPU time does not include waiting for a core,
-  ±8 % per iteration where chunk wall times swing ±30 % on 2 shared cores), and also s < `back`
-  (its chunks are slower too: CPU time includes polling in a collective or a receive, which a
-  healthy device waiting on a slow neighbour spends); otherwise s, and also
+  ±8 % per iteration where chunk wall times swing ±30 % on 2 shared cores), and also below `back`
+  in wall time, s or the median of its chunk speeds against its TP partner (`_chunk_speeds`, the
+  severity's lockstep pairs; its chunks are slower too: CPU time includes polling in a collective
+  or a receive, which a healthy device waiting on a slow neighbour spends); otherwise s, and also
   r < `cut` (slower than its own prediction, not only than peers that happen to run fast). Suspect
   in `persistence` of the last `persistence + tolerate` iterations (3 of 4: one noisy iteration
   neither blames nor hides a slow device, which is still reported in its third slow iteration) →
@@ -359,8 +360,9 @@ class OnlineDetector:
             wall = (own if own is not None and own.size else np.array([s])) * self.baked.get(d, 1.0)
             judged = (cpu[d] if on_cpu else s) * self.baked_judged.get(d, 1.0)
             known = self.known.get(d)
-            if known is None:
-                slow = judged < c.cut and (s < c.back if on_cpu else resid[d] < c.cut)
+            if known is None:  # on CPU: and slower in wall time too, its fast chunks or its chunks' median
+                pair = float(np.median(own)) if own is not None and own.size else s  # (against partners)
+                slow = judged < c.cut and (min(s, pair) < c.back if on_cpu else resid[d] < c.cut)
             else:
                 slow = judged < c.cut * c.cut * self.judged_at.get(d, known)
             back = known is not None and judged >= c.back
