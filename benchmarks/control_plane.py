@@ -64,6 +64,7 @@ from resihp.core.trace_format import InstrRow, LinkRow  # noqa: E402
 from resihp.runtime.control import transport as transport_mod  # noqa: E402
 from resihp.runtime.control.liveness import HEARTBEAT_S, HeartbeatThread, Inbox, Liveness  # noqa: E402
 from resihp.runtime.control.protocol import (  # noqa: E402
+    PG_TIMEOUT_S,
     AgentBeat,
     Decision,
     Kind,
@@ -171,10 +172,9 @@ def _members(
     transport, counts = Transport("127.0.0.1", port), Counter()
     count_transport(counts)
     stop = threading.Event()
-    relays = {}
-    if relay:
-        relays = {n: CountedRelay(counts, "127.0.0.1", port, 120.0) for n in {d // PER_NODE for d in devices}}
-    pipes = {d: relays[d // PER_NODE].connect() for d in devices} if relay else {}
+    nodes = {d // PER_NODE for d in devices} if relay else set()
+    relays = {n: CountedRelay(counts, "127.0.0.1", port, PG_TIMEOUT_S) for n in nodes}
+    pipes = {d: relays[d // PER_NODE].connect() for d in devices if relay}
 
     def member(dev: int) -> None:
         if relay:

@@ -15,7 +15,7 @@ series). Cases (`--cases`):
 
 A run's timings are recorded once (`--out DIR`, default `benchmarks/recordings/live_detect`, where
 the recordings behind docs/detector.md's table are committed: one gzipped JSON per run, written
-whole or not at all; an existing file, or a plain `.json` of the same name, is reused, not re-run),
+whole or not at all; an existing file is reused, not re-run),
 run-major (every case of run 0, then of run 1, …: a recording
 cut short leaves the cases balanced), and replayed into:
 
@@ -234,8 +234,8 @@ def main() -> None:
     for run in range(args.runs):
         for case in cases:
             path = os.path.join(args.out, f"{case}-{run}-s{args.seq_len}-i{args.iters}.json.gz")
-            if os.path.exists(path) or os.path.exists(path[:-3]):  # (or as plain JSON)
-                with gzip.open(path) if os.path.exists(path) else open(path[:-3], "rb") as f:
+            if os.path.exists(path):
+                with gzip.open(path) as f:
                     rec = json.load(f)
             elif args.replay_only:
                 continue

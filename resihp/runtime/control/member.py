@@ -107,10 +107,10 @@ class Aborted(Exception):
     """The controller aborted the iteration in flight."""
 
 
-def member_main(blob: bytes, beats: Channel, results: Channel, agent: int, decisions=None) -> None:
+def member_main(blob: bytes, beats: Channel, results: Channel, agent: int, decisions) -> None:
     """Process entry point (spawned by the agent process `agent`); `blob`: its `MemberArgs`.
     `beats`: the agent's heartbeat channel; `results`: the controller's; `decisions`: its pipe to
-    the agent's `relay.DecisionRelay` (None: the member reads decisions from the store itself)."""
+    the agent's `relay.DecisionRelay`."""
     args = MemberArgs.decode(blob)
     never_reconnect()  # a member that lost the store is done: its agent fences the node
     watch(agent, lambda: os._exit(3))  # a dead agent (a dead node) takes its members down
@@ -124,8 +124,7 @@ def member_main(blob: bytes, beats: Channel, results: Channel, agent: int, decis
         torch.set_num_threads(1)
         timeout = timedelta(seconds=PG_TIMEOUT_S)
         store = dist.TCPStore(args.host, args.port, is_master=False, timeout=timeout)
-        relayed = None if decisions is None else Relayed(decisions)
-        _run(args.generation, args.job, args.device, store, results, heart, decisions=relayed)
+        _run(args.generation, args.job, args.device, store, Relayed(decisions), results, heart)
 
     exit_after(args.device, results, body, heart.stop)
 
@@ -171,12 +170,11 @@ def _hung(device: int, results: Channel, heart: HeartbeatThread):
 
 
 def _run(
-    gen: Generation | None, job, device: int, store, results: Channel, heart: HeartbeatThread,
-    abort=abort_groups, decisions=None,
+    gen: Generation | None, job, device: int, store, decisions: Relayed, results: Channel,
+    heart: HeartbeatThread, abort=abort_groups,
 ) -> None:  # fmt: skip
-    """`abort`: how an NCCL member aborts its groups when it leaves a failed generation (injectable:
-    the tests make it hang); `decisions`: where it takes each `Decision` (`relay.Relayed`; None:
-    the store)."""
+    """`decisions`: where it takes each `Decision` (its agent's relay); `abort`: how an NCCL member
+    aborts its groups when it leaves a failed generation (injectable: the tests make it hang)."""
     board = Board(store)
     nccl = job.backend == "nccl"
     on_hang = _hung(device, results, heart)
@@ -239,7 +237,7 @@ def _run(
             elif gen.restore or job.resume:  # a whole-job restart: state from the checkpoint
                 init = load_init(gen.restore or job.resume, plan, device)
             t2 = time.perf_counter()
-            commits = Commits(g, device, faults, decisions or board, results, heart)
+            commits = Commits(g, device, faults, decisions, results, heart)
             worker = None
             if plan.stage_of(device) is not None:
                 worker = Worker(plan, device, groups, job, init, commits.hooks())

@@ -5,9 +5,9 @@ member from the store, one commit costs the store's single server thread a block
 (a wait and a get on the wire, and a reply to each): at 256 members, half of the store's requests
 per commit (docs/benchmarks.md, "Control plane"). Instead, a member asks its node's agent
 (`Relayed.decision`), over a pipe the agent made for it at spawn (`DecisionRelay.connect`); the
-agent reads each decision from the store once,
-whichever of its members asks first, and answers every member that asked, and those that ask
-later, from the bytes it read (the last `KEEP` decisions).
+agent reads each decision from the store once, whichever of its members asks first, and answers
+every member that asked, and those that ask later, from the bytes it read (the last `KEEP`
+decisions).
 
 The pipe never leaves the node — an agent and its own children — and carries only the store's
 bytes (what `protocol.Decision.encode` wrote): the controller still writes each decision once,
